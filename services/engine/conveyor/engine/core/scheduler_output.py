@@ -1,0 +1,78 @@
+"""What the scheduler hands the model runner for one step, and what comes back.
+
+Plain data only: the scheduler never touches tensors and the model runner never
+decides who runs. Field lists are references into the request (not copies), so
+they are valid only until the scheduler's next `schedule()` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conveyor.engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step.
+
+    `token_ids` are the tokens computed this step: positions
+    `num_computed_tokens .. num_computed_tokens + len(token_ids) - 1`.
+    `slot_mapping[i]` is the KV slot of token i:
+    `block_table[p // block_size] * block_size + p % block_size` for position p.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    num_computed_tokens: int
+    block_table: list[int]
+    slot_mapping: list[int]
+    needs_sample: bool
+    """True when this step reaches the end of the request's known tokens, so the
+    logits of its last token are sampled (false for a non-final prefill chunk)."""
+    sampling_params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens in the KV cache once this step has run (context length)."""
+        return self.num_computed_tokens + len(self.token_ids)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """A step's batch: running requests first, then newly admitted ones."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted_request_ids: list[str] = field(default_factory=list)
+    block_size: int = 16
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(slots=True)
+class SampledToken:
+    """The model runner's answer for one request that needed a token."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    """(token_id, logprob) pairs, most likely first, when asked for."""
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """Sampled tokens by request id; requests with needs_sample=False are absent."""
+
+    sampled: dict[str, SampledToken] = field(default_factory=dict)
