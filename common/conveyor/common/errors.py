@@ -1,0 +1,11 @@
+"""Machine-readable error reasons that travel in gRPC trailing metadata, so
+the gateway can map a status to the right OpenAI error code."""
+
+ERROR_REASON_KEY = "conveyor-error-reason"
+"""Trailing metadata key whose value is one of the reasons below."""
+
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+"""prompt tokens + max_tokens > max_model_len; the message names both numbers."""
+
+INVALID_REQUEST = "invalid_request"
+"""Any other bad input; the message says what."""

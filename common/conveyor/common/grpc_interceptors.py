@@ -1,0 +1,108 @@
+"""gRPC interceptors: a server span per RPC whose parent is the caller's trace
+context, and the current trace context injected into every outgoing call."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from conveyor.common.log import request_id_var
+from conveyor.common.tracing import extract_context, inject_metadata
+
+REQUEST_ID_KEY = "x-request-id"
+
+
+class TracingServerInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every handler in a SERVER span named after the RPC method."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        metadata = tuple(handler_call_details.invocation_metadata or ())
+        return _wrap_handler(handler, method, metadata)
+
+
+def _wrap_handler(handler: grpc.RpcMethodHandler, method: str, metadata) -> grpc.RpcMethodHandler:
+    parent = extract_context(metadata)
+    request_id = dict((k, v) for k, v in metadata if isinstance(v, str)).get(REQUEST_ID_KEY)
+    tracer = trace.get_tracer("conveyor.grpc")
+    name = method.lstrip("/")
+
+    def unary_result(behavior: Callable) -> Callable:
+        async def wrapped(request_or_iterator, context):
+            request_id_var.set(request_id)
+            with tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER) as span:
+                try:
+                    return await behavior(request_or_iterator, context)
+                except Exception as exc:
+                    _record(span, context, exc)
+                    raise
+
+        return wrapped
+
+    def stream_result(behavior: Callable) -> Callable:
+        async def wrapped(request_or_iterator, context) -> AsyncIterator:
+            request_id_var.set(request_id)
+            with tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER) as span:
+                try:
+                    async for response in behavior(request_or_iterator, context):
+                        yield response
+                except Exception as exc:
+                    _record(span, context, exc)
+                    raise
+
+        return wrapped
+
+    if handler.unary_unary:
+        return handler._replace(unary_unary=unary_result(handler.unary_unary))
+    if handler.stream_unary:
+        return handler._replace(stream_unary=unary_result(handler.stream_unary))
+    if handler.unary_stream:
+        return handler._replace(unary_stream=stream_result(handler.unary_stream))
+    return handler._replace(stream_stream=stream_result(handler.stream_stream))
+
+
+def _record(span, context, exc: Exception) -> None:
+    code = context.code() if hasattr(context, "code") else None
+    span.set_attribute("rpc.grpc.status_code", int(code.value[0]) if code else 2)
+    span.set_status(Status(StatusCode.ERROR, str(exc) or type(exc).__name__))
+
+
+class _ClientCallDetails(grpc.aio.ClientCallDetails):
+    pass
+
+
+def _with_trace(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+    metadata = list(details.metadata or [])
+    request_id = request_id_var.get()
+    if request_id and not any(key == REQUEST_ID_KEY for key, _ in metadata):
+        metadata.append((REQUEST_ID_KEY, request_id))
+    return _ClientCallDetails(
+        details.method, details.timeout, inject_metadata(metadata),
+        details.credentials, details.wait_for_ready,
+    )
+
+
+class _TraceUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        return await continuation(_with_trace(client_call_details), request)
+
+
+class _TraceUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        return await continuation(_with_trace(client_call_details), request)
+
+
+class _TraceStreamStream(grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return await continuation(_with_trace(client_call_details), request_iterator)
+
+
+def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
+    """Interceptors that carry trace context and the request id on every call."""
+    return [_TraceUnaryUnary(), _TraceUnaryStream(), _TraceStreamStream()]

@@ -1,0 +1,108 @@
+"""The asyncio gRPC server every service runs: health, reflection, tracing,
+and a graceful drain on SIGTERM (health NOT_SERVING, in-flight streams get
+`drain_timeout_s` to finish, then the process exits)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from conveyor.common.grpc_interceptors import TracingServerInterceptor
+from conveyor.common.settings import ServiceSettings
+
+log = logging.getLogger("conveyor.grpc")
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+
+
+@dataclass(slots=True)
+class ServiceRegistration:
+    """One gRPC service: its full name (for health and reflection), the
+    generated `add_*Servicer_to_server` function and the servicer object."""
+
+    full_name: str
+    add_to_server: Callable[[object, grpc.aio.Server], None]
+    servicer: object
+
+
+class GrpcService:
+    """A started gRPC server with health and reflection; `port` is the bound port."""
+
+    def __init__(self, server: grpc.aio.Server, health_servicer, names: Sequence[str], port: int):
+        self.server = server
+        self.health = health_servicer
+        self.names = list(names)
+        self.port = port
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ["", *self.names]:
+            await self.health.set(name, status)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop taking calls, let in-flight ones finish within timeout_s, then stop."""
+        await self.set_serving(False)
+        await self.server.stop(grace=timeout_s)
+
+
+async def start_grpc_server(
+    settings: ServiceSettings, registrations: Sequence[ServiceRegistration]
+) -> GrpcService:
+    """Create, bind and start the server; all services report SERVING."""
+    server = grpc.aio.server(interceptors=[TracingServerInterceptor()], options=SERVER_OPTIONS)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for registration in registrations:
+        registration.add_to_server(registration.servicer, server)
+    names = [r.full_name for r in registrations]
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME],
+        server,
+    )
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise RuntimeError(
+            f"cannot listen on {settings.host}:{settings.port}; change the port setting"
+        )
+    await server.start()
+    service = GrpcService(server, health_servicer, names, port)
+    await service.set_serving(True)
+    return service
+
+
+async def serve_until_signalled(
+    service: GrpcService,
+    settings: ServiceSettings,
+    on_drained: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Run until SIGTERM or SIGINT, then drain gracefully and call on_drained."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # The launcher and tests read this line to learn the bound port.
+    print(f"CONVEYOR_LISTENING port={service.port}", flush=True)
+    log.info("serving %s on %s:%d", ", ".join(service.names), settings.host, service.port)
+    await stop.wait()
+    log.info("draining (up to %.1fs for in-flight calls)", settings.drain_timeout_s)
+    await service.drain(settings.drain_timeout_s)
+    if on_drained is not None:
+        await on_drained()
+    log.info("stopped")

@@ -1,0 +1,96 @@
+"""Start a Conveyor service as a real process for tests and the local launcher.
+
+The service prints `CONVEYOR_LISTENING port=N` once its server is bound (see
+grpc_server.serve_until_signalled and the gateway), which is how the caller
+learns the port when it asked for port 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+LISTENING = re.compile(r"CONVEYOR_LISTENING port=(\d+)")
+
+
+class ServiceProcess:
+    """A service subprocess (`python -m <module>`) whose output is collected.
+
+    `start()` returns once the process printed its port or raises with the
+    process's last output when it died or took longer than `timeout_s`.
+    """
+
+    def __init__(self, module: str, env: dict[str, str] | None = None, name: str | None = None,
+                 log_path: Path | None = None):
+        self.module = module
+        self.name = name or module
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.log_path = log_path
+        self.port: int | None = None
+        self.lines: deque[str] = deque(maxlen=400)
+        self._proc: subprocess.Popen | None = None
+        self._port_seen = threading.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 180.0) -> ServiceProcess:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", self.module], env=self.env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, bufsize=1,
+        )
+        threading.Thread(target=self._pump, daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while not self._port_seen.wait(0.2):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.name} did not start:\n{self.output()}")
+        return self
+
+    def _pump(self) -> None:
+        log = open(self.log_path, "a") if self.log_path else None  # noqa: SIM115
+        for line in self._proc.stdout:
+            self.lines.append(line)
+            if log:
+                log.write(line)
+                log.flush()
+            match = LISTENING.search(line)
+            if match and not self._port_seen.is_set():
+                self.port = int(match.group(1))
+                self._port_seen.set()
+        if log:
+            log.close()
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        """SIGTERM, wait for the drain, then SIGKILL if it is still there."""
+        if self._proc is None or self._proc.poll() is not None:
+            return self._proc.returncode if self._proc else None
+        self._proc.send_signal(signal.SIGTERM)
+        try:
+            return self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            return self._proc.wait()
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
