@@ -31,7 +31,7 @@ class LocalService:
 
     @property
     def installed(self) -> bool:
-        return importlib.util.find_spec(self.module) is not None
+        return importlib.util.find_spec(f"{self.module}.__main__") is not None
 
 
 SERVICES = [
