@@ -1,0 +1,1 @@
+"""The Llama-family model for paged KV: config, layers, weight loading, GGUF conversion."""

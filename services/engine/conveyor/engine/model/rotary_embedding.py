@@ -1,0 +1,66 @@
+"""Rotary position embedding with optional linear or Llama-3 frequency scaling.
+
+Uses the "rotate half" layout (first half of head_dim pairs with the second
+half), which is how HF checkpoints store q/k weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from conveyor.engine.model.model_config import RopeScaling
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """The head_dim // 2 rotation frequencies, scaled as the config asks."""
+    # fp32 throughout, as transformers computes them, so angles agree bit for bit.
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    if scaling.rope_type == "llama3":
+        return _llama3_scaled(inv_freq, scaling)
+    return inv_freq
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """Long wavelengths divided by factor, short kept, a smooth blend between."""
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to flattened q [T, H, D] and k [T, Hkv, D] at given positions.
+
+    cos/sin are precomputed for max_positions in fp32 (a buffer, moved with the
+    module); rotation runs in fp32 and casts back to the input dtype.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float,
+                 scaling: RopeScaling) -> None:
+        super().__init__()
+        inv_freq = inverse_frequencies(head_dim, theta, scaling)
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos_sin", torch.cat([angles.cos(), angles.sin()], dim=-1),
+                             persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor,
+                k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos_sin.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return rotated.to(x.dtype)
