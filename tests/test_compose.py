@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("run_local", ROOT / "scripts" / "run_local.py")
 run_local = importlib.util.module_from_spec(_spec)  # the launcher `make run` uses
+sys.modules[_spec.name] = run_local
 _spec.loader.exec_module(run_local)
 
 CONVEYOR_SERVICES = {
