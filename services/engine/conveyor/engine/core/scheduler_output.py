@@ -51,6 +51,9 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)
     block_size: int = 16
+    finished_request_ids: list[str] = field(default_factory=list)
+    """Requests that finished or were aborted since the previous step: the model runner
+    may drop any per-request state it keeps (seeded generators, cached tensors)."""
 
     @property
     def num_batched_tokens(self) -> int:

@@ -1,0 +1,55 @@
+"""Prefix-cache hashes: a full block's hash chains its parent's hash, its tokens and extra keys.
+
+sha256 over a fixed byte encoding, not Python's `hash()`: it is the same in every
+process (Python salts `hash(str)` per process, and the cache salt is a string), so
+another service can compute the same hashes for routing hints, and a 256-bit digest
+makes an accidental collision between tenants' blocks practically impossible. The
+prefix cache still never trusts the hash alone: a hit is confirmed against the
+block's stored `BlockKey` (parent hash, token ids, extra keys).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+BlockHash = bytes
+"""A sha256 digest (32 bytes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockKey:
+    """Everything a block hash is computed from; cached blocks keep it to confirm hits."""
+
+    parent_hash: BlockHash | None
+    """The previous block's hash; None for a sequence's first block."""
+    token_ids: tuple[int, ...]
+    extra_keys: tuple[str, ...] = ()
+    """Keys that must also match, such as the tenant's cache salt (first block only:
+    later blocks inherit it through `parent_hash`)."""
+
+
+def hash_block_tokens(key: BlockKey) -> BlockHash:
+    """sha256 of a length-prefixed encoding of `key` (distinct keys never share an encoding)."""
+    digest = hashlib.sha256()
+    parent = key.parent_hash
+    digest.update(b"\x00" if parent is None else b"\x01" + parent)
+    digest.update(struct.pack("<I", len(key.token_ids)))
+    digest.update(array("q", key.token_ids).tobytes())
+    for extra in key.extra_keys:
+        encoded = extra.encode()
+        digest.update(struct.pack("<I", len(encoded)) + encoded)
+    return digest.digest()
+
+
+def block_key(
+    token_ids: Sequence[int],
+    parent_hash: BlockHash | None,
+    cache_salt: str | None,
+) -> BlockKey:
+    """The key of a block whose parent hash is `parent_hash` (None: the first block)."""
+    extra_keys = (cache_salt,) if parent_hash is None and cache_salt is not None else ()
+    return BlockKey(parent_hash, tuple(token_ids), extra_keys)

@@ -1,0 +1,64 @@
+"""Scheduler and KV-cache settings, checked once when the engine starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conveyor.engine.core.errors import InvalidSchedulerConfig, KVCacheTooSmall
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """How much work one step may hold and how the KV cache is cut into blocks.
+
+    `num_blocks` comes from memory profiling at start (what is left of
+    memory_utilization x device memory, divided by the bytes of one block).
+    """
+
+    num_blocks: int
+    """KV blocks in the pool."""
+    block_size: int = 16
+    """Tokens per KV block."""
+    max_model_len: int = 2048
+    """Most tokens (prompt + output) one request may reach."""
+    max_num_seqs: int = 256
+    """Most requests running at once (in one step's batch)."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step, shared by prefill chunks and decode tokens."""
+    long_prefill_token_threshold: int | None = None
+    """Most prompt tokens one request may take in a step (None: up to the budget), so a long
+    prompt cannot crowd out other requests' prefills."""
+    enable_prefix_caching: bool = True
+    """Share full blocks between requests whose token prefixes (and cache salts) match."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    def validate(self) -> None:
+        """Raise naming the setting to change when a value is out of range or the pool
+        cannot hold one max_model_len sequence."""
+        for name in ("num_blocks", "block_size", "max_model_len", "max_num_seqs",
+                     "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value < 1:
+                raise InvalidSchedulerConfig(f"{name} must be at least 1, got {value}")
+        threshold = self.long_prefill_token_threshold
+        if threshold is not None and threshold < 1:
+            raise InvalidSchedulerConfig(
+                f"long_prefill_token_threshold must be None or at least 1, got {threshold}"
+            )
+        if self.max_blocks_per_seq > self.num_blocks:
+            raise KVCacheTooSmall(
+                f"the KV cache holds {self.num_blocks} blocks x {self.block_size} tokens = "
+                f"{self.kv_capacity_tokens} tokens, fewer than one max_model_len="
+                f"{self.max_model_len} sequence needs ({self.max_blocks_per_seq} blocks); "
+                f"increase kv_cache_gib or memory_utilization, or lower max_model_len"
+            )

@@ -1,0 +1,171 @@
+"""Per-request block tables over the block pool, with prefix-cache lookups and caching."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from conveyor.engine.core import block_hash
+from conveyor.engine.core.block_hash import BlockKey
+from conveyor.engine.core.block_pool import BlockPool
+from conveyor.engine.core.kv_block import KVCacheBlock
+from conveyor.engine.core.request import Request
+
+
+class KVCacheManager:
+    """Which blocks hold each request's KV, and which full blocks other requests may share.
+
+    A request's block table lists block ids in position order: position p lives in
+    slot `table[p // block_size] * block_size + p % block_size`. Invariants: a
+    table covers at least the request's `num_computed_tokens`; every block in a
+    table holds one reference per table that lists it; only full blocks whose KV
+    has been computed are entered in the prefix cache (`cache_computed_blocks`).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True):
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._tables: dict[str, list[int]] = {}
+        self._num_cached_blocks: dict[str, int] = {}
+        self.num_prefix_query_tokens = 0
+        """Tokens of admitted requests looked up in the prefix cache."""
+        self.num_prefix_hit_tokens = 0
+        """Of those, tokens found cached (their prefill was skipped)."""
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.num_prefix_hit_tokens / max(self.num_prefix_query_tokens, 1)
+
+    def block_table(self, request_id: str) -> list[int]:
+        """The request's block ids (the live list: it grows as the request does); [] if none."""
+        return self._tables.get(request_id, [])
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of the request in full blocks, and its length in tokens.
+
+        Never covers the last token: at least one token is computed so the step
+        has logits to sample from. Each hit is confirmed against the block's
+        stored key; the first miss ends the prefix. Takes no references.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        num_blocks = (request.num_tokens - 1) // self.block_size
+        self._extend_block_hashes(request, num_blocks)
+        hits: list[KVCacheBlock] = []
+        for index in range(num_blocks):
+            key = self._block_key(request, index)
+            block = self.pool.get_cached_block(request.block_hashes[index], key)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def num_blocks_to_allocate(
+        self, request: Request, num_new_tokens: int, computed_blocks: Sequence[KVCacheBlock] = ()
+    ) -> int:
+        """Free blocks that `allocate_slots` with these arguments would take from the pool."""
+        num_held = len(self._tables.get(request.request_id, ())) + len(computed_blocks)
+        num_tokens = request.num_computed_tokens + len(computed_blocks) * self.block_size
+        num_needed = -(-(num_tokens + num_new_tokens) // self.block_size)
+        num_free_hits = sum(1 for block in computed_blocks if block.ref_cnt == 0)
+        return max(num_needed - num_held, 0) + num_free_hits
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, computed_blocks: Sequence[KVCacheBlock] = ()
+    ) -> list[KVCacheBlock] | None:
+        """Grow the request's table to hold `num_new_tokens` more tokens; None if the pool
+        cannot (nothing changes then).
+
+        `computed_blocks` (from `get_computed_blocks`) is only for a request that
+        holds no blocks yet: they start its table and count as computed. Returns
+        the newly allocated blocks, possibly [] (test the result with `is None`).
+        """
+        if self.num_blocks_to_allocate(request, num_new_tokens, computed_blocks) > (
+            self.pool.num_free_blocks
+        ):
+            return None
+        table = self._tables.get(request.request_id)
+        if table is None:
+            table = self._start_table(request, computed_blocks)
+        num_tokens = request.num_computed_tokens + len(computed_blocks) * self.block_size
+        num_needed = -(-(num_tokens + num_new_tokens) // self.block_size)
+        new_blocks = self.pool.allocate(max(num_needed - len(table), 0))
+        table.extend(block.block_id for block in new_blocks)
+        return new_blocks
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Enter the request's blocks that are full of computed KV into the prefix cache
+        (prompt blocks and blocks filled by decode tokens alike). Call after each step."""
+        if not self.enable_prefix_caching:
+            return
+        first = self._num_cached_blocks[request.request_id]
+        last = request.num_computed_tokens // self.block_size
+        if last <= first:
+            return
+        self._extend_block_hashes(request, last)
+        table = self._tables[request.request_id]
+        for index in range(first, last):
+            key = self._block_key(request, index)
+            self.pool.cache_block(self.pool.blocks[table[index]], request.block_hashes[index], key)
+        self._num_cached_blocks[request.request_id] = last
+
+    def free(self, request: Request) -> None:
+        """Return the request's blocks to the pool, tail block first (evicted first).
+        A no-op for a request that holds none."""
+        table = self._tables.pop(request.request_id, None)
+        self._num_cached_blocks.pop(request.request_id, None)
+        if table is not None:
+            self.pool.free(self.pool.blocks[block_id] for block_id in reversed(table))
+
+    def num_reclaimable_blocks(self, request: Request, keep: Sequence[KVCacheBlock] = ()) -> int:
+        """Blocks that `free(request)` would return to the free queue, not counting `keep`
+        (blocks shared with other tables stay in use)."""
+        kept = {block.block_id for block in keep}
+        blocks = self.pool.blocks
+        table = self._tables.get(request.request_id, ())
+        return sum(1 for i in table if blocks[i].ref_cnt == 1 and i not in kept)
+
+    def slot_mapping(self, request_id: str, start: int, end: int) -> list[int]:
+        """KV slots of positions start .. end - 1, built one block-sized run at a time."""
+        table = self._tables[request_id]
+        size = self.block_size
+        slots: list[int] = []
+        position = start
+        while position < end:
+            index, offset = divmod(position, size)
+            run = min(end - position, size - offset)
+            base = table[index] * size + offset
+            slots.extend(range(base, base + run))
+            position += run
+        return slots
+
+    def _start_table(self, request: Request, computed_blocks: Sequence[KVCacheBlock]) -> list[int]:
+        self.pool.touch(computed_blocks)
+        table = [block.block_id for block in computed_blocks]
+        self._tables[request.request_id] = table
+        self._num_cached_blocks[request.request_id] = len(computed_blocks)
+        if self.enable_prefix_caching:
+            self.num_prefix_query_tokens += request.num_tokens
+            self.num_prefix_hit_tokens += len(computed_blocks) * self.block_size
+        return table
+
+    def _extend_block_hashes(self, request: Request, num_blocks: int) -> None:
+        hashes = request.block_hashes
+        for index in range(len(hashes), num_blocks):
+            hashes.append(block_hash.hash_block_tokens(self._block_key(request, index)))
+
+    def _block_key(self, request: Request, index: int) -> BlockKey:
+        start = index * self.block_size
+        parent = request.block_hashes[index - 1] if index > 0 else None
+        tokens = request.token_ids_in(start, start + self.block_size)
+        return block_hash.block_key(tokens, parent, request.cache_salt)

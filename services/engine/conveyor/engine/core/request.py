@@ -1,0 +1,105 @@
+"""One generation request as the scheduler sees it: token ids and a computed-token counter."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from conveyor.engine.sampling_params import SamplingParams
+
+
+class FinishReason(enum.Enum):
+    """Why a request stopped; the values are OpenAI's `finish_reason` strings."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is. There is no prefill or decode status: that is a counter."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    """Back in the waiting queue after its blocks were taken; it will recompute."""
+    FINISHED = enum.auto()
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """A request's tokens and how far the KV cache has caught up with them.
+
+    Invariants: `0 <= num_computed_tokens <= num_tokens`; the KV of positions
+    `0 .. num_computed_tokens - 1` is in the request's blocks. Each step the
+    scheduler hands the request some of the `num_tokens - num_computed_tokens`
+    tokens it still lacks: a whole or partial prompt, or one decode token.
+    `block_hashes[i]` is the prefix-cache hash of full block i of
+    `all_token_ids` (a memo kept by the KV cache manager). Equality is identity.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    priority: int = 0
+    """Lower runs first; ties go to the earlier arrival."""
+    cache_salt: str | None = None
+    """Mixed into the first block's hash: different salts never share cached blocks."""
+    arrival_seq: int = 0
+    """Arrival order, set by `Scheduler.add_request`; kept across preemptions."""
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_cached_tokens: int | None = None
+    """Prompt tokens served from the prefix cache at first admission (usage.cached_tokens);
+    None until the request is first scheduled."""
+    num_preemptions: int = 0
+    block_hashes: list[bytes] = field(default_factory=list)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """Known tokens whose KV is not in the cache yet (1 for a decoding request)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt then output, as a new list (O(n): use `token_ids_in` on hot paths)."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling_params.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def is_waiting(self) -> bool:
+        return self.status is RequestStatus.WAITING or self.status is RequestStatus.PREEMPTED
+
+    def token_ids_in(self, start: int, end: int) -> list[int]:
+        """Tokens at positions start .. end - 1 of prompt + output, without joining them."""
+        num_prompt = len(self.prompt_token_ids)
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt : end - num_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - num_prompt]
+
+    def finish(self, reason: FinishReason) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason

@@ -1,0 +1,296 @@
+"""The continuous-batching scheduler: each step, every request catches up under one token budget."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from conveyor.engine.core.batch_builder import BatchBuilder
+from conveyor.engine.core.config import SchedulerConfig
+from conveyor.engine.core.errors import DuplicateRequestId, RequestTooLong
+from conveyor.engine.core.kv_block import KVCacheBlock
+from conveyor.engine.core.kv_cache_manager import KVCacheManager
+from conveyor.engine.core.request import FinishReason, Request, RequestStatus
+from conveyor.engine.core.request_update import RequestUpdate
+from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SampledToken, SchedulerOutput
+from conveyor.engine.core.scheduler_stats import SchedulerStats
+from conveyor.engine.core.stop_check import check_finished
+from conveyor.engine.core.waiting_queue import WaitingQueue
+
+
+class Scheduler:
+    """Decides who runs each step; owns the requests, the waiting queue and the KV cache.
+
+    The engine loop calls `schedule()`, has the model runner execute the output,
+    then calls `update_from_output()` with what came back; `add_request` and
+    `abort` may come at any time in between. A step is "in flight" from
+    `schedule()` until `update_from_output()`.
+
+    There is no prefill or decode phase: a request lacks `num_tokens -
+    num_computed_tokens` tokens of KV, and each step hands out tokens under
+    `max_num_batched_tokens` and `max_num_seqs`: running requests first (in
+    admission order), then waiting ones in (priority, arrival) order.
+
+    Invariants: `running` holds at most `max_num_seqs` requests, in admission
+    order; every live request is in exactly one of `running` and `waiting`;
+    only running requests (and requests aborted while a step was in flight,
+    until its end) hold blocks.
+    """
+
+    def __init__(self, config: SchedulerConfig, eos_token_ids: Iterable[int] = ()) -> None:
+        config.validate()
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        """Live (waiting or running) requests by id; finished ones leave at once."""
+        self.waiting = WaitingQueue()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self._num_arrivals = 0
+        self._step_in_flight = False
+        self._aborted_in_flight: list[Request] = []
+        self._finished_request_ids: list[str] = []
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def stats(self) -> SchedulerStats:
+        kv = self.kv
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=kv.usage,
+            num_prefix_query_tokens=kv.num_prefix_query_tokens,
+            num_prefix_hit_tokens=kv.num_prefix_hit_tokens,
+            num_preemptions=self.num_preemptions,
+            num_evictions=kv.pool.num_evictions,
+        )
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; it can join the next `schedule()`. Raises RequestTooLong when
+        prompt + max_tokens > max_model_len. `sampling_params.n` is not looked at: n > 1
+        is fanned out into n requests above the scheduler."""
+        if request.request_id in self.requests:
+            raise DuplicateRequestId(f"request id {request.request_id!r} is already in use")
+        if not request.prompt_token_ids:
+            raise ValueError(f"request {request.request_id!r} has an empty prompt")
+        max_model_len = self.config.max_model_len
+        if request.num_prompt_tokens + request.max_tokens > max_model_len:
+            raise RequestTooLong(
+                request.request_id, request.num_prompt_tokens, request.max_tokens, max_model_len
+            )
+        request.arrival_seq = self._num_arrivals
+        self._num_arrivals += 1
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a request with reason "abort"; False (and no change) if it is unknown or
+        already finished, so repeating it is harmless.
+
+        A waiting or preempted request holds no blocks and leaves the queue at once.
+        A running request leaves `running` at once; its blocks return to the pool at
+        once between steps, or at the end of `update_from_output` while a step is in
+        flight (the model runner may still be writing them). Tokens sampled for it in
+        that step are dropped.
+        """
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        was_running = request.status is RequestStatus.RUNNING
+        request.finish(FinishReason.ABORT)
+        self._finished_request_ids.append(request_id)
+        if not was_running:
+            self.waiting.remove(request)
+        elif self._step_in_flight:
+            self.running.remove(request)
+            self._aborted_in_flight.append(request)
+        else:
+            self.running.remove(request)
+            self.kv.free(request)
+        return True
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step. Running requests get their next tokens first (preempting the
+        lowest-priority, latest-admitted running request when blocks run out); waiting
+        requests are admitted only if no request was preempted for blocks this step."""
+        self._free_aborted()
+        batch = BatchBuilder(self.kv, self.config.max_num_batched_tokens)
+        self._schedule_running(batch)
+        if not batch.preempted_request_ids:
+            self._schedule_waiting(batch)
+        finished, self._finished_request_ids = self._finished_request_ids, []
+        self._step_in_flight = True
+        return batch.build(finished)
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[RequestUpdate]:
+        """Record a finished step: advance computed tokens, cache newly full blocks, append
+        sampled tokens and finish requests that are done (their blocks return at once).
+
+        Returns one update per request that got a token, in batch order. Requests
+        aborted during the step get none.
+        """
+        updates: list[RequestUpdate] = []
+        for scheduled in scheduler_output.scheduled:
+            request = self.requests.get(scheduled.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            request.num_computed_tokens += len(scheduled.token_ids)
+            self.kv.cache_computed_blocks(request)
+            if scheduled.needs_sample:
+                sampled = runner_output.sampled.get(request.request_id)
+                if sampled is None:
+                    raise ValueError(f"model runner returned no token for {request.request_id!r}")
+                updates.append(self._append_token(request, sampled))
+        self._step_in_flight = False
+        self._free_aborted()
+        return updates
+
+    def _schedule_running(self, batch: BatchBuilder) -> None:
+        for request in list(self.running):
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            if batch.token_budget == 0:
+                break
+            num_tokens = self._chunk_size(request.num_tokens_to_compute, batch.token_budget)
+            if num_tokens > 0 and self._allocate_or_preempt(request, num_tokens, batch):
+                batch.add(request, num_tokens)
+
+    def _allocate_or_preempt(self, request: Request, num_tokens: int, batch: BatchBuilder) -> bool:
+        """Allocate the request's slots, preempting victims until it fits; False if the
+        request itself was the victim."""
+        while self.kv.allocate_slots(request, num_tokens) is None:
+            victim = self._pick_victim()
+            self._preempt(victim, batch)
+            if victim is request:
+                return False
+        return True
+
+    def _pick_victim(self) -> Request:
+        """The running request with the highest priority value, the latest admitted on ties."""
+        victim = self.running[-1]
+        for request in reversed(self.running):
+            if request.priority > victim.priority:
+                victim = request
+        return victim
+
+    def _preempt(self, victim: Request, batch: BatchBuilder) -> None:
+        """Free the victim's blocks and queue it again under its original arrival number;
+        it will recompute its prompt and outputs so far (prefix hits permitting)."""
+        batch.remove(victim.request_id)
+        batch.preempted_request_ids.append(victim.request_id)
+        self.running.remove(victim)
+        self.kv.free(victim)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add(victim)
+
+    def _schedule_waiting(self, batch: BatchBuilder) -> None:
+        while self.waiting and batch.token_budget > 0:
+            request = self.waiting.peek()
+            if request.request_id in batch.preempted_request_ids:
+                break  # everything behind a request preempted this step ranks below it
+            if not self._admit(request, batch):
+                break
+
+    def _admit(self, request: Request, batch: BatchBuilder) -> bool:
+        """Move the head of the waiting queue to running with its first chunk scheduled."""
+        hits, num_hit_tokens = self.kv.get_computed_blocks(request)
+        num_tokens = self._chunk_size(request.num_tokens - num_hit_tokens, batch.token_budget)
+        if not self._has_room(request, num_tokens, hits) and not self._preempt_for(
+            request, num_tokens, hits, batch
+        ):
+            return False
+        if self.kv.allocate_slots(request, num_tokens, hits) is None:
+            return False
+        self.waiting.pop()
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_hit_tokens
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_hit_tokens
+        batch.add(request, num_tokens)
+        return True
+
+    def _has_room(self, request: Request, num_tokens: int, hits: list[KVCacheBlock]) -> bool:
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        return self.kv.num_blocks_to_allocate(request, num_tokens, hits) <= self.kv.num_free_blocks
+
+    def _preempt_for(
+        self, request: Request, num_tokens: int, hits: list[KVCacheBlock], batch: BatchBuilder
+    ) -> bool:
+        """Preempt strictly lower-priority running requests (worst first) to admit `request`,
+        but only if they free enough sequence slots and blocks; otherwise preempt none.
+
+        Strictly lower: equal priorities never displace each other, so two requests
+        cannot take turns preempting one another (vLLM issue #40004). The block count
+        is a lower bound (blocks shared between two victims are not counted).
+        """
+        needs_seq = len(self.running) >= self.config.max_num_seqs
+        num_needed = self.kv.num_blocks_to_allocate(request, num_tokens, hits)
+        num_free = self.kv.num_free_blocks
+        victims: list[Request] = []
+        for victim in self._lower_priority_running(request.priority):
+            if (victims or not needs_seq) and num_needed <= num_free:
+                break
+            victims.append(victim)
+            num_free += self.kv.num_reclaimable_blocks(victim, keep=hits)
+        if not ((victims or not needs_seq) and num_needed <= num_free):
+            return False
+        for victim in victims:
+            self._preempt(victim, batch)
+        return True
+
+    def _lower_priority_running(self, priority: int) -> list[Request]:
+        """Running requests with a higher priority value, worst first (latest admitted on ties)."""
+        ranked = [(r.priority, i, r) for i, r in enumerate(self.running) if r.priority > priority]
+        ranked.sort(key=lambda entry: entry[:2], reverse=True)
+        return [request for _, _, request in ranked]
+
+    def _chunk_size(self, num_remaining: int, token_budget: int) -> int:
+        threshold = self.config.long_prefill_token_threshold
+        if threshold is not None:
+            num_remaining = min(num_remaining, threshold)
+        return min(num_remaining, token_budget)
+
+    def _append_token(self, request: Request, sampled: SampledToken) -> RequestUpdate:
+        request.output_token_ids.append(sampled.token_id)
+        reason = check_finished(request, self.eos_token_ids, self.config.max_model_len)
+        if reason is not None:
+            self._finish(request, reason)
+        return RequestUpdate(
+            request_id=request.request_id,
+            new_tokens=[sampled],
+            finish_reason=reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=request.num_cached_tokens or 0,
+        )
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        request.finish(reason)
+        self.running.remove(request)
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._finished_request_ids.append(request.request_id)
+
+    def _free_aborted(self) -> None:
+        for request in self._aborted_in_flight:
+            self.kv.free(request)
+        self._aborted_in_flight.clear()
