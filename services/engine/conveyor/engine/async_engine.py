@@ -1,0 +1,222 @@
+"""The engine loop in a thread of its own, bridged to asyncio callers.
+
+The loop thread alone touches the EngineCore. Callers on any thread hand it
+adds and aborts through an inbox; the loop applies them at the next step
+boundary, steps while any request is alive and sleeps otherwise. Each request's
+deltas reach its caller's event loop through `loop.call_soon_threadsafe` into a
+per-request asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from conveyor.engine.core.errors import DuplicateRequestId
+from conveyor.engine.engine_core import EngineCore
+from conveyor.engine.engine_request import EngineRequest
+from conveyor.engine.engine_stats import EngineStats
+from conveyor.engine.metrics import EngineMetrics
+from conveyor.engine.request_delta import RequestDelta
+from conveyor.engine.step_result import StepResult
+
+log = logging.getLogger("conveyor.engine.loop")
+
+IDLE_WAIT_S = 0.01
+"""How long the loop waits when requests exist but none could be scheduled."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed this request (a model error); the message says why."""
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine loop has stopped; no request can run."""
+
+
+@dataclass(slots=True)
+class _Stream:
+    """Where one request's deltas go: a queue on its caller's event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    num_samples: int
+
+
+@dataclass(slots=True)
+class _Inbox:
+    """Adds and aborts posted from any thread, applied in order by the loop at a step
+    boundary (an abort posted after an add must come after it)."""
+
+    ops: list[EngineRequest | str] = field(default_factory=list)
+    """An EngineRequest to add, or the request id to abort."""
+
+    def __bool__(self) -> bool:
+        return bool(self.ops)
+
+
+class AsyncEngine:
+    """Runs an EngineCore on a background thread; `generate` streams one request's deltas."""
+
+    def __init__(self, core: EngineCore, metrics: EngineMetrics | None = None):
+        self.core = core
+        self.metrics = metrics
+        self._lock = threading.Condition()
+        self._inbox = _Inbox()
+        self._streams: dict[str, _Stream] = {}
+        self._stopped = False
+        self._stats = core.stats()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    @property
+    def info(self):
+        return self.core.info
+
+    def stats(self) -> EngineStats:
+        """The snapshot taken after the latest step (or abort) of the loop."""
+        return self._stats
+
+    @property
+    def num_streams(self) -> int:
+        with self._lock:
+            return len(self._streams)
+
+    def start(self) -> AsyncEngine:
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop; streams still open end with EngineStoppedError."""
+        with self._lock:
+            self._stopped = True
+            self._lock.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        self._fail_all_streams(EngineStoppedError("the engine is shutting down"))
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestDelta]:
+        """Run `request`, yielding its deltas until every sample finished.
+
+        Leaving early (break, cancellation, an exception in the caller) aborts the
+        request at the loop's next step boundary. Raises DuplicateRequestId,
+        RequestFailedError (model error) or EngineStoppedError.
+        """
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(),
+                         request.sampling_params.n)
+        self._open(request, stream)
+        num_finished = 0
+        try:
+            while num_finished < stream.num_samples:
+                delta = await stream.queue.get()
+                if isinstance(delta, BaseException):
+                    raise delta
+                if delta.error is not None:
+                    raise RequestFailedError(delta.error)
+                num_finished += delta.finished
+                yield delta
+        finally:
+            self._close(request.request_id, aborted=num_finished < stream.num_samples)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request from any thread; applied at the next step boundary."""
+        with self._lock:
+            self._inbox.ops.append(request_id)
+            self._lock.notify_all()
+
+    def _open(self, request: EngineRequest, stream: _Stream) -> None:
+        with self._lock:
+            if self._stopped:
+                raise EngineStoppedError("the engine is shutting down")
+            if request.request_id in self._streams:
+                raise DuplicateRequestId(
+                    f"request_id {request.request_id!r} is already running")
+            self._streams[request.request_id] = stream
+            self._inbox.ops.append(request)
+            self._lock.notify_all()
+
+    def _close(self, request_id: str, aborted: bool) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+            if aborted:
+                self._inbox.ops.append(request_id)
+                self._lock.notify_all()
+
+    # ---- the loop thread ----
+
+    def _run(self) -> None:
+        log.info("engine loop started")
+        while True:
+            inbox = self._wait_for_work()
+            if inbox is None:
+                break
+            self._apply(inbox)
+            if self.core.has_unfinished_requests:
+                self._step_once()
+            self._publish_stats()
+        log.info("engine loop stopped")
+
+    def _wait_for_work(self) -> _Inbox | None:
+        """Block until there is something to do; take the inbox. None means stop."""
+        with self._lock:
+            while not self._stopped and not self._inbox and not self.core.has_unfinished_requests:
+                self._lock.wait()
+            if self._stopped:
+                return None
+            inbox, self._inbox = self._inbox, _Inbox()
+            return inbox
+
+    def _apply(self, inbox: _Inbox) -> None:
+        for op in inbox.ops:
+            if isinstance(op, str):
+                self.core.abort([op])
+                continue
+            try:
+                self.core.add_request(op)
+            except Exception as exc:  # a request the core refuses fails alone
+                self._send(op.request_id, exc)
+
+    def _step_once(self) -> None:
+        try:
+            result = self.core.step()
+        except Exception as exc:  # a bug outside the model: fail everyone, keep serving
+            log.exception("engine step failed; failing all requests")
+            self._fail_everything(RequestFailedError(f"engine error: {exc}"))
+            return
+        self._deliver(result)
+        if result.num_scheduled_tokens == 0:
+            with self._lock:
+                self._lock.wait(IDLE_WAIT_S)
+
+    def _deliver(self, result: StepResult) -> None:
+        for delta in result.deltas:
+            self._send(delta.request_id, delta)
+        if self.metrics is not None:
+            self.metrics.record_iteration(result.iteration)
+
+    def _send(self, request_id: str, item: RequestDelta | BaseException) -> None:
+        with self._lock:
+            stream = self._streams.get(request_id)
+        if stream is None:
+            return  # the caller left; its abort is in the inbox
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        except RuntimeError:  # the caller's event loop is closed
+            self.abort(request_id)
+
+    def _publish_stats(self) -> None:
+        self._stats = self.core.stats()
+        if self.metrics is not None:
+            self.metrics.record_stats(self._stats)
+
+    def _fail_everything(self, error: Exception) -> None:
+        self.core.abort(self.core.unfinished_request_ids)
+        self._fail_all_streams(error)
+
+    def _fail_all_streams(self, error: Exception) -> None:
+        with self._lock:
+            request_ids = list(self._streams)
+        for request_id in request_ids:
+            self._send(request_id, error)

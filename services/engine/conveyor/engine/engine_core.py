@@ -1,0 +1,231 @@
+"""The synchronous engine: owns the scheduler and the model runner, one `step()` at a time.
+
+Not thread-safe: exactly one thread drives it (AsyncEngine's loop thread, or the
+offline LLM's caller). Callers speak in their own request ids; a request with
+`n > 1` runs as n scheduler requests `f"{id}-{i}"` whose deltas carry `index = i`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable
+
+from conveyor.engine.core.errors import DuplicateRequestId
+from conveyor.engine.core.request import FinishReason, Request
+from conveyor.engine.core.request_update import RequestUpdate
+from conveyor.engine.core.scheduler import Scheduler
+from conveyor.engine.core.scheduler_output import (
+    ScheduledRequest,
+)
+from conveyor.engine.engine_info import EngineInfo
+from conveyor.engine.engine_request import EngineRequest
+from conveyor.engine.engine_stats import EngineStats
+from conveyor.engine.isolating_runner import IsolatingRunner, ModelRunnerLike
+from conveyor.engine.iteration_stats import IterationStats
+from conveyor.engine.request_delta import RequestDelta
+from conveyor.engine.step_result import StepResult
+from conveyor.engine.tracked_request import TrackedRequest
+
+log = logging.getLogger("conveyor.engine.core")
+
+
+class EngineCore:
+    """Adds, aborts and steps requests; turns each step into per-request deltas."""
+
+    def __init__(self, scheduler: Scheduler, runner: ModelRunnerLike, info: EngineInfo):
+        self.scheduler = scheduler
+        self.runner = runner
+        self._runner = IsolatingRunner(runner)
+        self.info = info
+        self._tracked: dict[str, TrackedRequest] = {}
+        """Scheduler request id -> bookkeeping, for requests in the scheduler."""
+        self._children: dict[str, list[str]] = {}
+        """Caller request id -> its unfinished scheduler request ids (held ones included)."""
+        self._held_siblings: dict[str, list[TrackedRequest]] = {}
+        """First sample's id -> samples 1..n-1, added once its prompt is cached."""
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._children)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._children)
+
+    @property
+    def unfinished_request_ids(self) -> list[str]:
+        """Caller ids of the requests not finished yet (a copy)."""
+        return list(self._children)
+
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue `request`; raises DuplicateRequestId, or the scheduler's ValueErrors
+        (RequestTooLong, empty prompt) leaving nothing behind."""
+        if request.request_id in self._children:
+            raise DuplicateRequestId(f"request_id {request.request_id!r} is already running")
+        samples = [self._sample(request, i) for i in range(request.sampling_params.n)]
+        first, rest = samples[0], samples[1:]
+        self._submit(first)
+        self._children[request.request_id] = [s.request_id for s in samples]
+        if rest and self._shares_prompt_blocks:
+            self._held_siblings[first.request_id] = rest
+        else:
+            for sample in rest:
+                self._submit(sample)
+
+    @property
+    def _shares_prompt_blocks(self) -> bool:
+        # Cached blocks are shared only once computed: later samples wait for the
+        # first one's prefill, then find the whole prompt in the prefix cache.
+        return self.scheduler.config.enable_prefix_caching
+
+    def _sample(self, request: EngineRequest, index: int) -> TrackedRequest:
+        params = request.sampling_params
+        request_id = request.request_id
+        if params.n > 1:
+            request_id = f"{request.request_id}-{index}"
+            seed = None if params.seed is None else params.seed + index
+            params = dataclasses.replace(params, n=1, seed=seed)
+        scheduled = Request(request_id, list(request.prompt_token_ids), params,
+                            priority=request.priority, cache_salt=request.cache_salt)
+        return TrackedRequest(scheduled, request.request_id, index, request.arrival_time)
+
+    def _submit(self, tracked: TrackedRequest) -> None:
+        self.scheduler.add_request(tracked.request)
+        self._tracked[tracked.request_id] = tracked
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Drop the caller requests `request_ids` (unknown ids are ignored); frees their blocks."""
+        for parent_id in request_ids:
+            for request_id in self._children.pop(parent_id, []):
+                self._held_siblings.pop(request_id, None)
+                if self._tracked.pop(request_id, None) is not None:
+                    self.scheduler.abort(request_id)
+
+    def step(self) -> StepResult:
+        """Schedule, run the model, and report what each request gained.
+
+        A request the model fails on ends with delta.error set and finish ABORT
+        (its blocks freed at the end of the step); the others go on.
+        """
+        result = StepResult()
+        scheduler_output = self.scheduler.schedule()
+        result.num_scheduled_tokens = scheduler_output.num_batched_tokens
+        self._mark_scheduled(scheduler_output.scheduled, time.monotonic(), result.iteration)
+        if scheduler_output.is_empty:
+            return result
+        executed = self._runner.execute(scheduler_output)
+        failed = self._abort_failed(executed.failures)
+        updates = self.scheduler.update_from_output(scheduler_output, executed.output)
+        result.deltas = [*failed, *self._collect(updates, result.iteration)]
+        return result
+
+    def _mark_scheduled(self, scheduled: list[ScheduledRequest], now: float,
+                        iteration: IterationStats) -> None:
+        for item in scheduled:
+            tracked = self._tracked.get(item.request_id)
+            if tracked is not None and tracked.first_scheduled_time is None:
+                tracked.first_scheduled_time = now
+                iteration.queue_time.append(now - tracked.arrival_time)
+
+    def _collect(self, updates: list[RequestUpdate], iteration: IterationStats
+                 ) -> list[RequestDelta]:
+        now = time.monotonic()
+        deltas = []
+        for update in updates:
+            tracked = self._tracked.get(update.request_id)
+            if tracked is None:
+                continue
+            delta = self._delta(tracked, update)
+            self._record_timing(tracked, delta, now, iteration)
+            if delta.finished:
+                self._finish(tracked)
+            else:
+                self._release_siblings(tracked.request_id)
+            deltas.append(delta)
+        return deltas
+
+    def _delta(self, tracked: TrackedRequest, update: RequestUpdate) -> RequestDelta:
+        request = tracked.request
+        wants_logprobs = request.sampling_params.logprobs
+        return RequestDelta(
+            request_id=tracked.parent_id,
+            index=tracked.index,
+            new_token_ids=update.new_token_ids,
+            new_logprobs=list(update.new_tokens) if wants_logprobs else None,
+            finish_reason=update.finish_reason,
+            stop_token_id=_stop_token_of(request, update),
+            num_prompt_tokens=update.num_prompt_tokens,
+            num_output_tokens=update.num_output_tokens,
+            num_cached_tokens=update.num_cached_tokens,
+        )
+
+    def _record_timing(self, tracked: TrackedRequest, delta: RequestDelta, now: float,
+                       iteration: IterationStats) -> None:
+        if delta.new_token_ids:
+            iteration.num_generation_tokens += len(delta.new_token_ids)
+            if tracked.last_token_time is None:
+                iteration.time_to_first_token.append(now - tracked.arrival_time)
+                iteration.num_prompt_tokens += delta.num_prompt_tokens
+            else:
+                iteration.inter_token_latency.append(now - tracked.last_token_time)
+            tracked.last_token_time = now
+        if delta.finished:
+            iteration.e2e_latency.append(now - tracked.arrival_time)
+
+    def _finish(self, tracked: TrackedRequest) -> None:
+        """Forget a finished scheduler request (the scheduler has freed its blocks)."""
+        self._release_siblings(tracked.request_id)
+        del self._tracked[tracked.request_id]
+        siblings = self._children.get(tracked.parent_id, [])
+        if tracked.request_id in siblings:
+            siblings.remove(tracked.request_id)
+        if not siblings:
+            self._children.pop(tracked.parent_id, None)
+
+    def _release_siblings(self, request_id: str) -> None:
+        for sibling in self._held_siblings.pop(request_id, []):
+            self._submit(sibling)
+
+    def _abort_failed(self, failures: dict[str, Exception]) -> list[RequestDelta]:
+        """Abort requests the model failed on; the scheduler frees their blocks when the
+        step ends and gives them no token."""
+        deltas = []
+        for request_id, exc in failures.items():
+            tracked = self._tracked.get(request_id)
+            if tracked is None:
+                continue
+            self.scheduler.abort(request_id)
+            deltas.append(RequestDelta(
+                request_id=tracked.parent_id, index=tracked.index,
+                finish_reason=FinishReason.ABORT,
+                error=f"model error: {type(exc).__name__}: {exc}",
+                num_prompt_tokens=tracked.request.num_prompt_tokens,
+                num_output_tokens=tracked.request.num_output_tokens,
+            ))
+            self._finish(tracked)
+        return deltas
+
+    def stats(self) -> EngineStats:
+        stats = self.scheduler.stats
+        kv = self.scheduler.kv
+        return EngineStats(
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting + self._num_held_siblings,
+            num_free_blocks=kv.num_free_blocks,
+            num_blocks=kv.pool.num_blocks,
+            prefix_cache_queries=stats.num_prefix_query_tokens,
+            prefix_cache_hits=stats.num_prefix_hit_tokens,
+            num_preemptions=stats.num_preemptions,
+        )
+
+    @property
+    def _num_held_siblings(self) -> int:
+        return sum(len(held) for held in self._held_siblings.values())
+
+
+def _stop_token_of(request: Request, update: RequestUpdate) -> int | None:
+    if update.finish_reason is FinishReason.STOP and request.output_token_ids:
+        return request.output_token_ids[-1]
+    return None

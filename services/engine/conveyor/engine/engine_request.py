@@ -1,0 +1,30 @@
+"""One request handed to the engine, already validated and converted from its wire form."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from conveyor.engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    """What a caller (the gRPC servicer or the offline LLM) asks the engine to run.
+
+    `sampling_params.n > 1` fans out into n requests `f"{request_id}-{i}"` that
+    share the prompt's cached blocks; their deltas carry `index = i`.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    priority: int = 0
+    """Lower runs first; ties go to the earlier arrival."""
+    cache_salt: str | None = None
+    """Mixed into prefix-cache hashes; requests with different salts share no blocks."""
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)

@@ -1,0 +1,62 @@
+"""Runs a step on the model runner and pins a failure on the requests that cause it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+
+log = logging.getLogger("conveyor.engine.core")
+
+
+class ModelRunnerLike(Protocol):
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+@dataclass(slots=True)
+class IsolatedOutput:
+    """The runner's output for the requests that ran, and the error of each that failed."""
+
+    output: ModelRunnerOutput = field(default_factory=ModelRunnerOutput)
+    failures: dict[str, Exception] = field(default_factory=dict)
+
+
+class IsolatingRunner:
+    """When a batch fails, runs its requests again one by one so only the guilty fail.
+
+    Rerunning is safe: a request's KV writes go to its own slots and are the same
+    values again, and attention reads only the request's own blocks.
+    """
+
+    def __init__(self, runner: ModelRunnerLike):
+        self.runner = runner
+
+    def execute(self, scheduler_output: SchedulerOutput) -> IsolatedOutput:
+        try:
+            return IsolatedOutput(self.runner.execute(scheduler_output))
+        except Exception as exc:
+            if len(scheduler_output.scheduled) == 1:
+                log.exception("model step failed")
+                return IsolatedOutput(failures={scheduler_output.scheduled[0].request_id: exc})
+            log.warning("model step of %d requests failed (%s); retrying them one by one",
+                        len(scheduler_output.scheduled), exc)
+            return self._execute_one_by_one(scheduler_output)
+
+    def _execute_one_by_one(self, scheduler_output: SchedulerOutput) -> IsolatedOutput:
+        result = IsolatedOutput()
+        for i, scheduled in enumerate(scheduler_output.scheduled):
+            first = i == 0  # the bookkeeping lists go with the first retry only
+            single = SchedulerOutput(
+                scheduled=[scheduled],
+                preempted_request_ids=scheduler_output.preempted_request_ids if first else [],
+                block_size=scheduler_output.block_size,
+                finished_request_ids=scheduler_output.finished_request_ids if first else [],
+            )
+            try:
+                result.output.sampled.update(self.runner.execute(single).sampled)
+            except Exception as exc:
+                log.exception("model failed request %s", scheduled.request_id)
+                result.failures[scheduled.request_id] = exc
+        return result

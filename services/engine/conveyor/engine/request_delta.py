@@ -1,0 +1,34 @@
+"""What one engine step produced for one request: its new tokens, and the end if it ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conveyor.engine.core.request import FinishReason
+from conveyor.engine.core.scheduler_output import SampledToken
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    """The tokens a request gained in one step (possibly none, when it just finished).
+
+    `request_id` is the caller's id; `index` tells the n > 1 samples apart (0 otherwise).
+    `error` is set when the model failed this request: it is then finished with ABORT.
+    """
+
+    request_id: str
+    index: int = 0
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[SampledToken] | None = None
+    """One entry per new token when the request asked for logprobs."""
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None
+    """The stop token id (EOS or one of stop_token_ids) that ended the request, if any."""
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,41 @@
+"""Checks of a request against the engine's limits, shared by the gRPC servicer and the LLM."""
+
+from __future__ import annotations
+
+from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST
+from conveyor.engine.engine_info import EngineInfo
+from conveyor.engine.engine_request import EngineRequest
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses; `reason` is one of conveyor.common.errors' reasons."""
+
+    def __init__(self, message: str, reason: str = INVALID_REQUEST):
+        super().__init__(message)
+        self.reason = reason
+
+
+def validate_request(request: EngineRequest, info: EngineInfo) -> None:
+    """Raise InvalidRequestError saying what is wrong with `request`, if anything.
+
+    Sampling values are checked when SamplingParams is built (InvalidSamplingParams).
+    """
+    prompt = request.prompt_token_ids
+    if not prompt:
+        raise InvalidRequestError("prompt_token_ids must not be empty")
+    bad = next((t for t in prompt if not 0 <= t < info.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"prompt token id {bad} is out of range for the vocabulary of {info.vocab_size}")
+    total = len(prompt) + request.sampling_params.max_tokens
+    if total > info.max_model_len:
+        raise InvalidRequestError(
+            f"prompt of {len(prompt)} tokens + max_tokens {request.sampling_params.max_tokens} "
+            f"= {total} exceeds max_model_len {info.max_model_len}",
+            CONTEXT_LENGTH_EXCEEDED,
+        )
+    bad = next((t for t in request.sampling_params.logit_bias if not 0 <= t < info.vocab_size),
+               None)
+    if bad is not None:
+        raise InvalidRequestError(f"logit_bias token id {bad} is out of range for the "
+                                  f"vocabulary of {info.vocab_size}")

@@ -1,0 +1,129 @@
+"""The Engine gRPC service: the one place that converts between proto and engine types.
+
+Generate: INVALID_ARGUMENT (with conveyor-error-reason metadata) for a bad
+request, INTERNAL when the model failed it, ALREADY_EXISTS for a request id in
+flight, UNAVAILABLE while shutting down. A cancelled stream aborts the request.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import grpc
+
+from conveyor.common.errors import ERROR_REASON_KEY, INVALID_REQUEST
+from conveyor.engine.async_engine import AsyncEngine, EngineStoppedError, RequestFailedError
+from conveyor.engine.core.errors import DuplicateRequestId
+from conveyor.engine.core.request import FinishReason
+from conveyor.engine.engine_request import EngineRequest
+from conveyor.engine.request_delta import RequestDelta
+from conveyor.engine.request_validation import InvalidRequestError, validate_request
+from conveyor.engine.sampling_params import InvalidSamplingParams, SamplingParams
+from conveyor.v1 import engine_pb2, engine_pb2_grpc
+
+log = logging.getLogger("conveyor.engine.servicer")
+
+SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
+
+_FINISH_REASONS = {
+    None: engine_pb2.FINISH_REASON_UNSPECIFIED,
+    FinishReason.STOP: engine_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: engine_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: engine_pb2.FINISH_REASON_ABORT,
+}
+_OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed",
+                             "presence_penalty", "frequency_penalty", "repetition_penalty")
+
+
+class EngineServicer(engine_pb2_grpc.EngineServicer):
+    def __init__(self, engine: AsyncEngine):
+        self.engine = engine
+
+    async def Generate(self, request, context):
+        try:
+            engine_request = self.to_engine_request(request)
+        except (InvalidRequestError, InvalidSamplingParams) as exc:
+            reason = getattr(exc, "reason", INVALID_REQUEST)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
+                                trailing_metadata=((ERROR_REASON_KEY, reason),))
+        try:
+            async for delta in self.engine.generate(engine_request):
+                yield to_response(delta)
+        except RequestFailedError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        except DuplicateRequestId as exc:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        except EngineStoppedError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def Info(self, request, context):
+        info = self.engine.info
+        return engine_pb2.EngineInfo(
+            model=info.model, max_model_len=info.max_model_len, block_size=info.block_size,
+            num_blocks=info.num_blocks, kv_capacity_tokens=info.kv_capacity_tokens,
+            attention_backend=info.attention_backend, dtype=info.dtype, engine_id=info.engine_id,
+        )
+
+    async def Stats(self, request, context):
+        stats = self.engine.stats()
+        return engine_pb2.EngineStats(
+            num_running=stats.num_running, num_waiting=stats.num_waiting,
+            kv_usage=stats.kv_usage, num_free_blocks=stats.num_free_blocks,
+            num_blocks=stats.num_blocks, prefix_cache_hit_rate=stats.prefix_cache_hit_rate,
+            num_preemptions=stats.num_preemptions,
+        )
+
+    def to_engine_request(self, request: engine_pb2.GenerateRequest) -> EngineRequest:
+        """Convert and validate; raises InvalidRequestError or InvalidSamplingParams."""
+        prompt = list(request.prompt_token_ids)
+        engine_request = EngineRequest(
+            request_id=request.request_id or f"engine-{uuid.uuid4().hex}",
+            prompt_token_ids=prompt,
+            sampling_params=to_sampling_params(request.sampling, self._room_after(prompt)),
+            priority=request.priority,
+            cache_salt=request.cache_salt or None,
+        )
+        validate_request(engine_request, self.engine.info)
+        return engine_request
+
+    def _room_after(self, prompt: list[int]) -> int:
+        """max_tokens when unset (0): the rest of the context, at least 1."""
+        return max(1, self.engine.info.max_model_len - len(prompt))
+
+
+def to_sampling_params(proto: engine_pb2.SamplingParams, default_max_tokens: int
+                       ) -> SamplingParams:
+    """Unset optional fields keep SamplingParams' defaults; max_tokens 0 means the rest
+    of the context."""
+    values = {name: getattr(proto, name) for name in _OPTIONAL_SAMPLING_FIELDS
+              if proto.HasField(name)}
+    if values.get("top_k") == -1:
+        values["top_k"] = 0
+    return SamplingParams(
+        **values,
+        logit_bias=dict(proto.logit_bias),
+        max_tokens=proto.max_tokens or default_max_tokens,
+        min_tokens=proto.min_tokens,
+        stop_token_ids=list(proto.stop_token_ids),
+        ignore_eos=proto.ignore_eos,
+        logprobs=proto.logprobs or proto.top_logprobs > 0,
+        top_logprobs=proto.top_logprobs,
+    )
+
+
+def to_response(delta: RequestDelta) -> engine_pb2.GenerateResponse:
+    response = engine_pb2.GenerateResponse(
+        token_ids=delta.new_token_ids,
+        finish_reason=_FINISH_REASONS[delta.finish_reason],
+        usage=engine_pb2.Usage(prompt_tokens=delta.num_prompt_tokens,
+                               completion_tokens=delta.num_output_tokens,
+                               cached_tokens=delta.num_cached_tokens),
+    )
+    for sampled in delta.new_logprobs or ():
+        position = response.logprobs.add(logprob=sampled.logprob or 0.0)
+        for token_id, logprob in sampled.top_logprobs or ():
+            position.top.add(token_id=token_id, logprob=logprob)
+    if delta.stop_token_id is not None:
+        response.stop_token_id = delta.stop_token_id
+    return response

@@ -1,0 +1,83 @@
+"""The engine's settings: every field is an environment variable CONVEYOR_ENGINE_<NAME>."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from conveyor.common.settings import ModelSettingsMixin, ServiceSettings
+
+DEFAULT_PORT = 50052
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+def _default_engine_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class EngineSettings(ModelSettingsMixin, ServiceSettings):
+    """Settings of one engine process (also the keyword arguments of the offline `LLM`)."""
+
+    model_config = SettingsConfigDict(env_prefix="CONVEYOR_ENGINE_", extra="ignore")
+
+    port: int = Field(DEFAULT_PORT, description="gRPC port to listen on (0 picks a free one).")
+    block_size: int = Field(16, ge=1, description="Tokens per KV-cache block.")
+    max_num_seqs: int = Field(64, ge=1, description="Most requests computed in one step.")
+    max_num_batched_tokens: int = Field(
+        2048, ge=1, description="Token budget of one step (prefill chunks + decode tokens)."
+    )
+    kv_cache_gib: float = Field(
+        1.0, gt=0, description="On CPU: memory given to KV blocks, in GiB."
+    )
+    memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="On GPU: fraction of device memory the engine may use."
+    )
+    dtype: str = Field(
+        "auto", description="Model dtype: auto (float32 on CPU, bfloat16 on GPU), "
+        "float32, bfloat16, float16."
+    )
+    attention_backend: str = Field(
+        "auto", description="Attention backend: auto (torch on CPU, triton on GPU), torch, triton."
+    )
+    device: str = Field("auto", description="Device: auto (cuda when available), cpu, cuda.")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prefixes.")
+    metrics_port: int = Field(0, ge=0, description="Prometheus /metrics HTTP port (0 = off).")
+    engine_id: str = Field(
+        default_factory=_default_engine_id,
+        description="This engine's id in the registry (default: host-pid).",
+    )
+    torch_threads: int = Field(0, ge=0, description="CPU threads for torch (0 = torch's default).")
+
+    def resolved_device(self) -> str:
+        """`device` with auto resolved; raises naming the setting when it is unknown."""
+        _check_choice("device", self.device, DEVICES)
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_dtype(self) -> str:
+        _check_choice("dtype", self.dtype, DTYPES)
+        if self.dtype != "auto":
+            return self.dtype
+        return "float32" if self.resolved_device() == "cpu" else "bfloat16"
+
+    def resolved_attention_backend(self) -> str:
+        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        if self.attention_backend != "auto":
+            return self.attention_backend
+        return "torch" if self.resolved_device() == "cpu" else "triton"
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(
+            f"{name} {value!r} is not one of {', '.join(choices)}; "
+            f"change CONVEYOR_ENGINE_{name.upper()}"
+        )

@@ -1,0 +1,16 @@
+"""What one engine step returns to its driver (the async loop or the offline LLM)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conveyor.engine.iteration_stats import IterationStats
+from conveyor.engine.request_delta import RequestDelta
+
+
+@dataclass(slots=True)
+class StepResult:
+    deltas: list[RequestDelta] = field(default_factory=list)
+    iteration: IterationStats = field(default_factory=IterationStats)
+    num_scheduled_tokens: int = 0
+    """0 when the scheduler found nothing it could run this step."""

@@ -1,0 +1,85 @@
+"""Unit-test support for the engine service: the real scheduler with a fake model runner.
+
+Helpers reach tests through the `support` fixture (--import-mode=importlib keeps
+test modules from importing siblings).
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from conveyor.engine.core.config import SchedulerConfig
+from conveyor.engine.core.scheduler import Scheduler
+from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SampledToken, SchedulerOutput
+from conveyor.engine.engine_core import EngineCore
+from conveyor.engine.engine_info import EngineInfo
+
+VOCAB_SIZE = 100
+EOS = 99
+
+
+class FakeRunner:
+    """Samples `(last token + 1) % (VOCAB_SIZE - 1)` (never EOS unless told to).
+
+    `fail_on` makes a step containing that prompt's first token fail; `step_gate`
+    (a threading.Event) holds every step until it is set, so tests can act mid-stream.
+    """
+
+    def __init__(self):
+        self.fail_on: int | None = None
+        self.eos_after: int | None = None
+        self.step_gate: threading.Event | None = None
+        self.num_steps = 0
+        self.finished_seen: list[str] = []
+
+    def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        self.num_steps += 1
+        self.finished_seen.extend(output.finished_request_ids)
+        if self.step_gate is not None:
+            self.step_gate.wait(5)
+        if self.fail_on is not None and any(
+                s.prompt_token_ids[0] == self.fail_on for s in output.scheduled):
+            raise RuntimeError("injected model failure")
+        sampled = {}
+        for scheduled in output.scheduled:
+            if scheduled.needs_sample:
+                sampled[scheduled.request_id] = SampledToken(
+                    self._next(scheduled), logprob=-0.25, top_logprobs=[(1, -0.1), (2, -0.2)])
+        return ModelRunnerOutput(sampled)
+
+    def _next(self, scheduled) -> int:
+        if self.eos_after is not None and len(scheduled.output_token_ids) >= self.eos_after:
+            return EOS
+        history = scheduled.prompt_token_ids + scheduled.output_token_ids
+        return (history[-1] + 1) % (VOCAB_SIZE - 1)
+
+
+def make_core(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 128,
+              max_num_batched_tokens: int = 64, max_num_seqs: int = 16,
+              enable_prefix_caching: bool = True) -> EngineCore:
+    config = SchedulerConfig(num_blocks=num_blocks, block_size=block_size,
+                             max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                             max_num_batched_tokens=max_num_batched_tokens,
+                             enable_prefix_caching=enable_prefix_caching)
+    info = EngineInfo(model="fake", max_model_len=max_model_len, block_size=block_size,
+                      num_blocks=num_blocks, vocab_size=VOCAB_SIZE, attention_backend="fake",
+                      dtype="float32", engine_id="test-engine", eos_token_ids=(EOS,))
+    return EngineCore(Scheduler(config, eos_token_ids=[EOS]), FakeRunner(), info)
+
+
+def run_to_completion(core: EngineCore, max_steps: int = 1000):
+    deltas = []
+    for _ in range(max_steps):
+        if not core.has_unfinished_requests:
+            return deltas
+        deltas.extend(core.step().deltas)
+    raise AssertionError("requests did not finish")
+
+
+@pytest.fixture
+def support():
+    return SimpleNamespace(make_core=make_core, run_to_completion=run_to_completion,
+                           VOCAB_SIZE=VOCAB_SIZE, EOS=EOS)

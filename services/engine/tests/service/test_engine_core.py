@@ -1,0 +1,151 @@
+"""EngineCore over the real scheduler with a fake runner: deltas, fan-out, aborts, failures."""
+
+from __future__ import annotations
+
+from conveyor.engine.core.request import FinishReason
+from conveyor.engine.engine_request import EngineRequest
+from conveyor.engine.sampling_params import SamplingParams
+
+
+def _request(request_id, prompt, **params):
+    return EngineRequest(request_id, prompt, SamplingParams(temperature=0.0, **params))
+
+
+def _tokens_by_index(deltas, request_id):
+    out = {}
+    for delta in deltas:
+        if delta.request_id == request_id:
+            out.setdefault(delta.index, []).extend(delta.new_token_ids)
+    return out
+
+
+def test_request_streams_tokens_then_finishes_with_length(support):
+    core = support.make_core()
+    core.add_request(_request("a", [1, 2, 3], max_tokens=4))
+    deltas = support.run_to_completion(core)
+    assert _tokens_by_index(deltas, "a") == {0: [4, 5, 6, 7]}
+    last = deltas[-1]
+    assert last.finish_reason is FinishReason.LENGTH
+    assert (last.num_prompt_tokens, last.num_output_tokens) == (3, 4)
+    assert core.stats().num_free_blocks == core.stats().num_blocks
+
+
+def test_eos_finishes_with_stop_and_reports_the_stop_token(support):
+    core = support.make_core()
+    core.runner.eos_after = 2
+    core.add_request(_request("a", [1, 2, 3], max_tokens=10))
+    deltas = support.run_to_completion(core)
+    assert deltas[-1].finish_reason is FinishReason.STOP
+    assert deltas[-1].stop_token_id == support.EOS
+    assert _tokens_by_index(deltas, "a") == {0: [4, 5, support.EOS]}
+
+
+def test_logprobs_only_when_asked(support):
+    core = support.make_core()
+    core.add_request(_request("a", [1, 2], max_tokens=2, logprobs=True, top_logprobs=2))
+    core.add_request(_request("b", [1, 2], max_tokens=2))
+    deltas = support.run_to_completion(core)
+    assert all(d.new_logprobs and d.new_logprobs[0].logprob == -0.25
+               for d in deltas if d.request_id == "a")
+    assert all(d.new_logprobs is None for d in deltas if d.request_id == "b")
+
+
+def test_n_samples_fan_out_and_share_the_prompt_blocks(support):
+    core = support.make_core(block_size=4)
+    prompt = list(range(1, 14))  # 13 tokens: 3 full blocks
+    core.add_request(_request("p", prompt, n=3, max_tokens=3))
+    assert sorted(core.scheduler.requests) == ["p-0"]  # the others wait for the prompt
+    deltas = support.run_to_completion(core)
+    assert _tokens_by_index(deltas, "p") == {i: [14, 15, 16] for i in range(3)}
+    finals = {d.index: d for d in deltas if d.finished}
+    assert finals[0].num_cached_tokens == 0
+    assert finals[1].num_cached_tokens == finals[2].num_cached_tokens == 12
+    assert not core.has_unfinished_requests
+
+
+def test_n_samples_get_distinct_seeds(support):
+    core = support.make_core()
+    core.add_request(EngineRequest("p", [1, 2], SamplingParams(n=2, seed=7, max_tokens=1)))
+    seeds = [core._tracked["p-0"].request.sampling_params.seed]
+    support.run_to_completion(core)
+    core.add_request(EngineRequest("q", [1, 2], SamplingParams(n=2, seed=7, max_tokens=1)))
+    core.step()
+    seeds.append(core._tracked["q-1"].request.sampling_params.seed)
+    assert seeds == [7, 8]
+
+
+def test_abort_frees_blocks_and_other_requests_continue(support):
+    core = support.make_core()
+    core.add_request(_request("a", list(range(1, 10)), max_tokens=20))
+    core.add_request(_request("b", list(range(20, 30)), max_tokens=5))
+    first = core.step().deltas
+    core.abort(["a", "unknown"])
+    deltas = support.run_to_completion(core)
+    assert all(d.request_id == "b" for d in deltas)
+    deltas = first + deltas
+    assert len(_tokens_by_index(deltas, "b")[0]) == 5
+    stats = core.stats()
+    assert stats.num_free_blocks == stats.num_blocks and stats.num_running == 0
+
+
+def test_abort_of_a_fanned_out_request_drops_held_samples(support):
+    core = support.make_core()
+    core.add_request(_request("p", [1, 2, 3, 4, 5], n=4, max_tokens=5))
+    core.abort(["p"])
+    assert not core.has_unfinished_requests
+    assert core.stats().num_waiting == 0
+
+
+def test_model_failure_fails_that_step_and_the_engine_keeps_serving(support):
+    core = support.make_core()
+    core.runner.fail_on = 50
+    core.add_request(_request("bad", [50, 51], max_tokens=3))
+    result = core.step()
+    assert [(d.request_id, d.finish_reason) for d in result.deltas] == [
+        ("bad", FinishReason.ABORT)]
+    assert "injected model failure" in result.deltas[0].error
+    stats = core.stats()
+    assert stats.num_free_blocks == stats.num_blocks
+    core.add_request(_request("good", [1, 2], max_tokens=2))
+    deltas = support.run_to_completion(core)
+    assert _tokens_by_index(deltas, "good") == {0: [3, 4]}
+
+
+def test_duplicate_and_too_long_requests_leave_nothing_behind(support):
+    core = support.make_core(max_model_len=16)
+    core.add_request(_request("a", [1, 2], max_tokens=2))
+    try:
+        core.add_request(_request("a", [1, 2], max_tokens=2))
+    except ValueError as exc:
+        assert "already running" in str(exc)
+    try:
+        core.add_request(_request("long", list(range(1, 15)), max_tokens=5))
+    except ValueError as exc:
+        assert "max_model_len" in str(exc)
+    assert core.unfinished_request_ids == ["a"]
+
+
+def test_iteration_stats_time_each_request(support):
+    core = support.make_core()
+    core.add_request(_request("a", [1, 2, 3], max_tokens=3))
+    results = []
+    while core.has_unfinished_requests:
+        results.append(core.step().iteration)
+    assert len(results[0].queue_time) == 1 and len(results[0].time_to_first_token) == 1
+    assert results[0].num_prompt_tokens == 3
+    assert sum(len(r.inter_token_latency) for r in results) == 2
+    assert sum(r.num_generation_tokens for r in results) == 3
+    assert len(results[-1].e2e_latency) == 1
+
+
+def test_a_failing_request_in_a_batch_fails_alone(support):
+    core = support.make_core()
+    core.runner.fail_on = 50
+    core.add_request(_request("good", [1, 2], max_tokens=3))
+    core.add_request(_request("bad", [50, 51], max_tokens=3))
+    first = core.step().deltas
+    assert [(d.request_id, d.error is not None) for d in first] == [("bad", True), ("good", False)]
+    deltas = first + support.run_to_completion(core)
+    assert _tokens_by_index(deltas, "good") == {0: [3, 4, 5]}
+    stats = core.stats()
+    assert stats.num_free_blocks == stats.num_blocks
