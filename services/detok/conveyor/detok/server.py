@@ -1,0 +1,40 @@
+"""Start the detokenizer: load the tokenizer, serve Detokenizer over gRPC until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from conveyor.common.grpc_server import (
+    ServiceRegistration,
+    serve_until_signalled,
+    start_grpc_server,
+)
+from conveyor.common.log import setup_logging
+from conveyor.common.models import load_tokenizer, resolve_model
+from conveyor.common.tracing import setup_tracing
+from conveyor.detok.servicer import DetokenizerServicer
+from conveyor.detok.settings import DetokSettings
+from conveyor.v1 import detok_pb2, detok_pb2_grpc
+
+SERVICE_NAME = detok_pb2.DESCRIPTOR.services_by_name["Detokenizer"].full_name
+log = logging.getLogger("conveyor.detok")
+
+
+def registration(tokenizer) -> ServiceRegistration:
+    """The Detokenizer service over `tokenizer`, ready for start_grpc_server."""
+    return ServiceRegistration(
+        SERVICE_NAME, detok_pb2_grpc.add_DetokenizerServicer_to_server,
+        DetokenizerServicer(tokenizer),
+    )
+
+
+async def serve(settings: DetokSettings) -> None:
+    """Run the service until SIGTERM or SIGINT, then drain."""
+    setup_logging("detok", settings.log_level, settings.log_json)
+    setup_tracing("conveyor-detok")
+    source = resolve_model(settings.model)
+    tokenizer = await asyncio.to_thread(load_tokenizer, source)
+    log.info("tokenizer of %s loaded (%d tokens)", source.name, len(tokenizer))
+    service = await start_grpc_server(settings, [registration(tokenizer)])
+    await serve_until_signalled(service, settings)
