@@ -1,0 +1,79 @@
+"""Prometheus names and values, and the settings' environment prefix."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+
+from conveyor.engine.async_engine import AsyncEngine
+from conveyor.engine.engine_request import EngineRequest
+from conveyor.engine.engine_stats import EngineStats
+from conveyor.engine.iteration_stats import IterationStats
+from conveyor.engine.metrics import EngineMetrics
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.settings import EngineSettings
+
+NAMES = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+         "prefix_cache_queries_total", "prefix_cache_hits_total", "num_preemptions_total",
+         "prompt_tokens_total", "generation_tokens_total", "time_to_first_token_seconds_bucket",
+         "inter_token_latency_seconds_bucket", "e2e_request_latency_seconds_bucket",
+         "request_queue_time_seconds_bucket"]
+
+
+def _value(metrics: EngineMetrics, name: str) -> float:
+    return metrics.registry.get_sample_value(
+        f"conveyor:{name}", {"model_name": "m", "engine": "e"})
+
+
+def test_counters_advance_by_the_difference_of_totals():
+    metrics = EngineMetrics("m", "e")
+    metrics.record_stats(EngineStats(num_running=2, num_free_blocks=3, num_blocks=4,
+                                     prefix_cache_queries=10, prefix_cache_hits=4))
+    metrics.record_stats(EngineStats(num_running=1, num_free_blocks=4, num_blocks=4,
+                                     prefix_cache_queries=30, prefix_cache_hits=4,
+                                     num_preemptions=1))
+    assert _value(metrics, "prefix_cache_queries_total") == 30
+    assert _value(metrics, "prefix_cache_hits_total") == 4
+    assert _value(metrics, "num_preemptions_total") == 1
+    assert _value(metrics, "num_requests_running") == 1
+    assert _value(metrics, "kv_cache_usage_perc") == 0.0
+
+
+def test_iteration_stats_feed_histograms():
+    metrics = EngineMetrics("m", "e")
+    metrics.record_iteration(IterationStats(num_prompt_tokens=5, num_generation_tokens=2,
+                                            time_to_first_token=[0.2], e2e_latency=[1.0]))
+    assert _value(metrics, "prompt_tokens_total") == 5
+    assert _value(metrics, "generation_tokens_total") == 2
+    assert _value(metrics, "time_to_first_token_seconds_count") == 1
+    assert _value(metrics, "e2e_request_latency_seconds_sum") == 1.0
+
+
+async def test_an_engine_run_exports_every_vllm_name(support):
+    metrics = EngineMetrics("m", "e")
+    engine = AsyncEngine(support.make_core(), metrics).start()
+    try:
+        request = EngineRequest("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=3))
+        [delta async for delta in engine.generate(request)]
+    finally:
+        engine.shutdown()
+    text = generate_latest(metrics.registry).decode()
+    for name in NAMES:
+        assert f"conveyor:{name}" in text
+    assert _value(metrics, "generation_tokens_total") == 3
+    assert _value(metrics, "request_queue_time_seconds_count") == 1
+
+
+def test_settings_read_the_engine_prefix(monkeypatch):
+    monkeypatch.setenv("CONVEYOR_ENGINE_BLOCK_SIZE", "32")
+    monkeypatch.setenv("CONVEYOR_ENGINE_METRICS_PORT", "9102")
+    monkeypatch.setenv("CONVEYOR_ENGINE_DEVICE", "cpu")
+    settings = EngineSettings()
+    assert (settings.block_size, settings.metrics_port, settings.port) == (32, 9102, 50052)
+    assert settings.resolved_dtype() == "float32"
+    assert settings.resolved_attention_backend() == "torch"
+
+
+def test_settings_errors_name_the_variable():
+    with pytest.raises(ValueError, match="CONVEYOR_ENGINE_DTYPE"):
+        EngineSettings(dtype="int3").resolved_dtype()
