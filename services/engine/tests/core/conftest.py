@@ -73,6 +73,21 @@ class FakeRunner:
                 self.kv[slot] = digest
 
 
+class ScriptedRunner:
+    """A model runner that answers each request from a fixed script of tokens (then 0s)."""
+
+    def __init__(self, scripts: dict[str, list[int]]) -> None:
+        self.scripts = {request_id: list(tokens) for request_id, tokens in scripts.items()}
+
+    def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        sampled = {}
+        for scheduled in output.scheduled:
+            if scheduled.needs_sample:
+                script = self.scripts.get(scheduled.request_id, [])
+                sampled[scheduled.request_id] = SampledToken(script.pop(0) if script else 0)
+        return ModelRunnerOutput(sampled)
+
+
 def make_request(
     request_id: str,
     prompt: list[int],
@@ -149,6 +164,7 @@ def check_invariants(scheduler: Scheduler) -> None:
 def support() -> SimpleNamespace:
     return SimpleNamespace(
         FakeRunner=FakeRunner,
+        ScriptedRunner=ScriptedRunner,
         next_token=next_token,
         make_request=make_request,
         make_scheduler=make_scheduler,
