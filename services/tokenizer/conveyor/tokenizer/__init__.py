@@ -1,0 +1,1 @@
+"""Conveyor's tokenizer service: chat templates, token ids and prompt validation."""

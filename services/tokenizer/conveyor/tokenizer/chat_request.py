@@ -1,0 +1,79 @@
+"""A Render request in domain form, and the template arguments it implies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conveyor.tokenizer.conversation import ChatMessage, parse_json, template_messages
+from conveyor.tokenizer.errors import InvalidRequest
+
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation",
+    "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+})
+"""chat_template_kwargs names that the request sets through its own fields."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """Render a conversation with the chat template, then tokenize it."""
+
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: str = ""
+    """Overrides the model's template when non-empty."""
+    tools_json: str = ""
+    chat_template_kwargs_json: str = ""
+    max_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateArguments:
+    """What `apply_chat_template` receives for one request, validated."""
+
+    conversation: list[dict]
+    add_generation_prompt: bool
+    continue_final_message: bool
+    chat_template: str | None = None
+    tools: list | None = None
+    kwargs: dict = field(default_factory=dict)
+
+
+def template_arguments(request: ChatRequest) -> TemplateArguments:
+    """Validate the request and turn it into template arguments (InvalidRequest on bad input)."""
+    if request.add_generation_prompt and request.continue_final_message:
+        raise InvalidRequest(
+            "add_generation_prompt and continue_final_message cannot both be set: either start "
+            "a new assistant message or continue the final one")
+    return TemplateArguments(
+        conversation=template_messages(request.messages),
+        add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
+        chat_template=request.chat_template or None,
+        tools=_tools(request.tools_json),
+        kwargs=_kwargs(request.chat_template_kwargs_json),
+    )
+
+
+def _tools(tools_json: str) -> list | None:
+    if not tools_json:
+        return None
+    tools = parse_json(tools_json, list, "tools")
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise InvalidRequest(f"tools[{index}] must be a JSON object")
+    return tools
+
+
+def _kwargs(kwargs_json: str) -> dict:
+    if not kwargs_json:
+        return {}
+    kwargs = parse_json(kwargs_json, dict, "chat_template_kwargs")
+    clashes = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if clashes:
+        raise InvalidRequest(
+            f"chat_template_kwargs may not set {', '.join(clashes)}; use the request's own fields")
+    return kwargs

@@ -1,0 +1,35 @@
+"""Plain prompts in, tokenized prompts out (domain types of Tokenize and Render)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrompt:
+    """Text to tokenize."""
+
+    text: str
+    add_special_tokens: bool = False
+    max_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenIdsPrompt:
+    """Token ids given directly; they are checked, not changed."""
+
+    token_ids: list[int]
+    max_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedPrompt:
+    """A validated prompt: it fits max_model_len with its max_tokens."""
+
+    token_ids: list[int]
+    prompt_text: str
+    max_model_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)

@@ -1,0 +1,82 @@
+"""The tokenizer service's work, off the event loop: render, tokenize, decode."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+
+from conveyor.tokenizer.chat_renderer import ChatRenderer
+from conveyor.tokenizer.chat_request import ChatRequest, template_arguments
+from conveyor.tokenizer.errors import InvalidRequest, check_context_length
+from conveyor.tokenizer.prompt import TextPrompt, TokenIdsPrompt, TokenizedPrompt
+from conveyor.tokenizer.prompt_tokenizer import PromptTokenizer, TokenizerFacts
+
+
+@dataclass(frozen=True, slots=True)
+class ServedTokenizer:
+    """What the Info RPC reports."""
+
+    model: str
+    max_model_len: int
+    facts: TokenizerFacts
+
+
+class PromptService:
+    """Renders and tokenizes prompts in a thread pool, so one long prompt
+    does not hold up the event loop (HF fast tokenizers release the GIL).
+
+    Every method raises InvalidRequest (or ContextLengthExceeded) for bad input.
+    """
+
+    def __init__(self, tokenizer: PromptTokenizer, renderer: ChatRenderer, model: str,
+                 max_model_len: int, num_workers: int):
+        self._tokenizer = tokenizer
+        self._renderer = renderer
+        self.info = ServedTokenizer(model, max_model_len, tokenizer.facts)
+        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="conveyor-tokenize")
+
+    async def render(self, request: ChatRequest) -> TokenizedPrompt:
+        return await self._off_loop(self._render, request)
+
+    async def tokenize(self, prompt: TextPrompt | TokenIdsPrompt) -> TokenizedPrompt:
+        if isinstance(prompt, TokenIdsPrompt):
+            return await self._off_loop(self._check_token_ids, prompt)
+        return await self._off_loop(self._tokenize_text, prompt)
+
+    async def decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
+        return await self._off_loop(self._tokenizer.decode, token_ids, skip_special_tokens)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _off_loop(self, fn: Callable, *args):
+        """Run fn in the pool, keeping the caller's context (request id in logs)."""
+        call = partial(contextvars.copy_context().run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    def _render(self, request: ChatRequest) -> TokenizedPrompt:
+        text = self._renderer.render(template_arguments(request))
+        if not text:
+            raise InvalidRequest("the chat template rendered an empty prompt")
+        token_ids = self._tokenizer.encode(text, add_special_tokens=False)
+        return self._validated(token_ids, text, request.max_tokens)
+
+    def _tokenize_text(self, prompt: TextPrompt) -> TokenizedPrompt:
+        token_ids = self._tokenizer.encode(prompt.text, prompt.add_special_tokens)
+        return self._validated(token_ids, prompt.text, prompt.max_tokens)
+
+    def _check_token_ids(self, prompt: TokenIdsPrompt) -> TokenizedPrompt:
+        if not prompt.token_ids:
+            raise InvalidRequest("prompt token_ids is empty; send at least one token id")
+        self._tokenizer.check_ids(prompt.token_ids)
+        return self._validated(prompt.token_ids, "", prompt.max_tokens)
+
+    def _validated(self, token_ids: list[int], text: str, max_tokens: int) -> TokenizedPrompt:
+        if not token_ids:
+            raise InvalidRequest("the prompt has no tokens")
+        check_context_length(len(token_ids), max_tokens, self.info.max_model_len)
+        return TokenizedPrompt(list(token_ids), text, self.info.max_model_len)

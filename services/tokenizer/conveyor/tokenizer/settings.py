@@ -1,0 +1,21 @@
+"""The tokenizer service's settings, from CONVEYOR_TOKENIZER_* environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from conveyor.common.settings import ModelSettingsMixin, ServiceSettings
+
+DEFAULT_PORT = 50051
+
+
+class TokenizerSettings(ModelSettingsMixin, ServiceSettings):
+    """Everything the tokenizer reads at start (e.g. CONVEYOR_TOKENIZER_PORT)."""
+
+    model_config = SettingsConfigDict(env_prefix="CONVEYOR_TOKENIZER_", extra="ignore")
+
+    port: int = Field(DEFAULT_PORT, description="Port to listen on (0 picks a free one).")
+    num_workers: int = Field(
+        4, ge=1, description="Threads that render and tokenize off the event loop."
+    )
