@@ -1,0 +1,2 @@
+"""Conveyor's gateway: the OpenAI-compatible HTTP/SSE API over the tokenizer,
+engine and detok services."""

@@ -1,0 +1,68 @@
+"""The FastAPI application: routes, error handlers, and the pipeline's lifetime."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+
+from conveyor.gateway.errors import APIError, internal_error
+from conveyor.gateway.generation_endpoint import error_response
+from conveyor.gateway.pipeline import Pipeline
+from conveyor.gateway.routes import router
+from conveyor.gateway.settings import GatewaySettings
+from conveyor.gateway.validation_errors import validation_error
+
+log = logging.getLogger("conveyor.gateway")
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    """The gateway app; its pipeline (gRPC channels) opens at startup and closes at shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.pipeline = Pipeline.connect(settings)
+        try:
+            yield
+        finally:
+            await app.state.pipeline.close()
+
+    app = FastAPI(title="Conveyor", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.include_router(router)
+    _add_error_handlers(app)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        error = validation_error(exc.errors())
+        _count(request, error.status)
+        return error_response(error)
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(APIError(exc.status_code, str(exc.detail), kind),
+                              dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error on %s", request.url.path, exc_info=exc)
+        return error_response(internal_error())
+
+
+def _count(request: Request, status: int) -> None:
+    """Requests rejected before reaching a handler still show in the request counter."""
+    pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
+    if pipeline is not None:
+        pipeline.metrics.start(request.url.path).finish(status)

@@ -1,0 +1,93 @@
+"""OpenAI error bodies and the one mapping from failures to them.
+
+Every error is `{"error": {"message", "type", "param", "code"}}`. 400 is the
+caller's mistake, 404 an unknown model, 503 (with Retry-After) no capacity
+right now, 504 a request past its deadline, and 500 a real fault.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED
+from conveyor.gateway.cancellation import RequestTimedOut
+from conveyor.gateway.engine_picker import NoEngineAvailable
+from conveyor.gateway.generation import EngineAborted
+from conveyor.gateway.upstream_error import UpstreamError
+
+log = logging.getLogger("conveyor.gateway.errors")
+
+_BAD_INPUT_CODES = {"INVALID_ARGUMENT", "OUT_OF_RANGE", "FAILED_PRECONDITION"}
+_BUSY_CODES = {"UNAVAILABLE", "RESOURCE_EXHAUSTED"}
+
+
+class APIError(Exception):
+    """An error to send to the client as it is."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def context_length_exceeded(message: str, param: str) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, CONTEXT_LENGTH_EXCEEDED)
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(404, f"The model `{model}` does not exist.", "invalid_request_error",
+                    "model", "model_not_found")
+
+
+def unavailable(message: str, retry_after_s: int, code: str = "service_unavailable") -> APIError:
+    return APIError(503, message, "service_unavailable_error", None, code,
+                    {"Retry-After": str(retry_after_s)})
+
+
+def internal_error(message: str = "internal error; see the gateway's log") -> APIError:
+    return APIError(500, message, "internal_error", None, "internal_error")
+
+
+def to_api_error(error: BaseException, prompt_param: str | None, retry_after_s: int) -> APIError:
+    """The client-facing form of any failure while serving a request."""
+    if isinstance(error, APIError):
+        return error
+    if isinstance(error, UpstreamError):
+        return _from_upstream(error, prompt_param, retry_after_s)
+    if isinstance(error, NoEngineAvailable):
+        return unavailable(f"no engine can take the request now ({error})", retry_after_s,
+                           "no_engine_available")
+    if isinstance(error, EngineAborted):
+        return unavailable("the engine aborted the request; retry", retry_after_s)
+    if isinstance(error, RequestTimedOut):
+        return APIError(504, "the request took longer than the gateway's request timeout",
+                        "timeout_error", None, "request_timeout")
+    log.error("unexpected error while serving a request", exc_info=error)
+    return internal_error()
+
+
+def _from_upstream(error: UpstreamError, prompt_param: str | None,
+                   retry_after_s: int) -> APIError:
+    if error.reason == CONTEXT_LENGTH_EXCEEDED:
+        return context_length_exceeded(error.message, prompt_param)
+    if error.code in _BAD_INPUT_CODES:
+        return bad_request(error.message)
+    if error.code in _BUSY_CODES or error.code == "DEADLINE_EXCEEDED":
+        return unavailable(f"the {error.service} service is unavailable: {error.message}",
+                           retry_after_s)
+    log.error("%s failed: %s %s", error.service, error.code, error.message)
+    return internal_error(f"the {error.service} service failed: {error.code}")

@@ -1,0 +1,124 @@
+"""From an OpenAI request body to what the engine and detok are asked for."""
+
+from __future__ import annotations
+
+import json
+
+from conveyor.gateway.api_models import ChatCompletionRequest, ChatMessage, CompletionRequest
+from conveyor.gateway.detok_records import DetokOptions
+from conveyor.gateway.engine_records import SamplingOptions
+from conveyor.gateway.errors import bad_request, context_length_exceeded
+from conveyor.gateway.model_catalog import ServedModel
+from conveyor.gateway.tokenizer_records import ChatTurn, PromptTokens, RenderInput
+
+PROMPT_TAIL_TOKENS = 6
+"""Prompt tokens detok gets so the first output token decodes with the right context."""
+
+GenerationBody = ChatCompletionRequest | CompletionRequest
+
+
+def check_limits(body: GenerationBody, model: ServedModel, max_n: int) -> None:
+    """400 for values only the served model can judge (token ids, n)."""
+    if body.n > max_n:
+        raise bad_request(f"n must be at most {max_n}, got {body.n}", "n")
+    for token_id in body.stop_token_ids or []:
+        _check_token_id(token_id, model, "stop_token_ids")
+    for key in body.logit_bias or {}:
+        _check_token_id(int(key), model, "logit_bias")
+
+
+def _check_token_id(token_id: int, model: ServedModel, param: str) -> None:
+    if token_id >= model.vocab_size:
+        raise bad_request(
+            f"token id {token_id} is outside the vocabulary (size {model.vocab_size})", param
+        )
+
+
+def max_tokens_for(requested: int | None, prompt: PromptTokens, prompt_param: str) -> int:
+    """What the engine may generate: the request's max_tokens, or by default what the
+    context has left (max_model_len - prompt length, as vLLM does)."""
+    room = prompt.max_model_len - prompt.num_tokens
+    if requested is None and room < 1:
+        raise context_length_exceeded(
+            f"This model's maximum context length is {prompt.max_model_len} tokens. "
+            f"However, your prompt has {prompt.num_tokens} tokens, leaving no room for output.",
+            prompt_param,
+        )
+    return requested if requested is not None else room
+
+
+def sampling_options(body: GenerationBody, max_tokens: int, sample_index: int) -> SamplingOptions:
+    """The engine's sampling controls for sample `sample_index` of n (seeds differ per sample)."""
+    logprobs, top_logprobs = _logprob_request(body)
+    return SamplingOptions(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        seed=None if body.seed is None else _wrap_int64(body.seed + sample_index),
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
+        stop_token_ids=list(body.stop_token_ids or []),
+        ignore_eos=body.ignore_eos,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        min_tokens=body.min_tokens,
+    )
+
+
+def num_top_logprobs(body: GenerationBody) -> int | None:
+    """How many alternatives each logprobs entry shows; None when logprobs are off."""
+    logprobs, top_logprobs = _logprob_request(body)
+    return top_logprobs if logprobs else None
+
+
+def _logprob_request(body: GenerationBody) -> tuple[bool, int]:
+    if isinstance(body, ChatCompletionRequest):
+        return body.logprobs, body.top_logprobs or 0
+    return body.logprobs is not None, body.logprobs or 0
+
+
+def _wrap_int64(value: int) -> int:
+    return (value + 2**63) % 2**64 - 2**63
+
+
+def detok_options(body: GenerationBody, request_id: str, prompt: PromptTokens) -> DetokOptions:
+    return DetokOptions(
+        request_id=request_id,
+        prompt_tail_token_ids=prompt.token_ids[-PROMPT_TAIL_TOKENS:],
+        stop=body.stop_strings,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=body.skip_special_tokens,
+        spaces_between_special_tokens=body.spaces_between_special_tokens,
+    )
+
+
+def render_input(body: ChatCompletionRequest, max_tokens: int | None) -> RenderInput:
+    return RenderInput(
+        messages=chat_turns(body.messages),
+        max_tokens=max_tokens or 0,
+        add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+        continue_final_message=body.continue_final_message,
+        chat_template=body.chat_template or "",
+        tools_json=json.dumps(body.tools) if body.tools else "",
+        chat_template_kwargs_json=(
+            json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else ""
+        ),
+    )
+
+
+def chat_turns(messages: list[ChatMessage]) -> list[ChatTurn]:
+    return [
+        ChatTurn(
+            role=m.role,
+            content=m.content if isinstance(m.content, str) else "",
+            parts=[p.text for p in m.content] if isinstance(m.content, list) else [],
+            name=m.name or "",
+            tool_call_id=m.tool_call_id or "",
+            tool_calls_json=json.dumps(m.tool_calls) if m.tool_calls else "",
+        )
+        for m in messages
+    ]

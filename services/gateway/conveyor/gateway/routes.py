@@ -1,0 +1,114 @@
+"""The HTTP endpoints. Each is thin: the work lives in the modules it calls."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from conveyor.gateway.api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from conveyor.gateway.chat_completions import CHAT
+from conveyor.gateway.completions import COMPLETIONS
+from conveyor.gateway.errors import to_api_error
+from conveyor.gateway.generation_endpoint import error_response, serve_generation
+from conveyor.gateway.pipeline import Pipeline
+from conveyor.gateway.request_mapping import chat_turns
+from conveyor.gateway.tokenizer_records import PromptInput, RenderInput
+
+router = APIRouter()
+
+
+def _pipeline(request: Request) -> Pipeline:
+    return request.app.state.pipeline
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    return await serve_generation(_pipeline(request), request, body, CHAT)
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    return await serve_generation(_pipeline(request), request, body, COMPLETIONS)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    async def work(pipeline: Pipeline) -> dict:
+        model = await pipeline.catalog.model()
+        return {"object": "list", "data": [{
+            "id": model.name, "object": "model", "created": int(time.time()),
+            "owned_by": "conveyor", "root": model.name, "max_model_len": model.max_model_len,
+        }]}
+
+    return await _serve_simple(request, "models", work)
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> Response:
+    async def work(pipeline: Pipeline) -> dict:
+        model = await pipeline.catalog.resolve(body.model)
+        if body.messages is not None:
+            prompt = await pipeline.tokenizer.render(RenderInput(
+                chat_turns(body.messages), add_generation_prompt=body.add_generation_prompt))
+        else:
+            prompt = await pipeline.tokenizer.tokenize(PromptInput(
+                text=body.prompt, add_special_tokens=body.add_special_tokens))
+        return {"count": prompt.num_tokens, "max_model_len": model.max_model_len,
+                "tokens": prompt.token_ids}
+
+    return await _serve_simple(request, "tokenize", work, prompt_param="prompt")
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
+    async def work(pipeline: Pipeline) -> dict:
+        await pipeline.catalog.resolve(body.model)
+        return {"prompt": await pipeline.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+    return await _serve_simple(request, "detokenize", work, prompt_param="tokens")
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    pipeline = _pipeline(request)
+    if pipeline.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
+    engines_up, tokenizer_up, detok_up = await asyncio.gather(
+        pipeline.picker.any_reachable(), pipeline.tokenizer.is_serving(),
+        pipeline.detok.is_serving())
+    down = [name for name, up in (("engine", engines_up), ("tokenizer", tokenizer_up),
+                                  ("detok", detok_up)) if not up]
+    if down:
+        return JSONResponse({"status": "unavailable", "down": down}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    registry = _pipeline(request).metrics
+    return Response(registry.render(), media_type=registry.content_type)
+
+
+async def _serve_simple(request: Request, endpoint: str,
+                        work: Callable[[Pipeline], Awaitable[dict]],
+                        prompt_param: str | None = None) -> Response:
+    """A unary endpoint: its metrics, and any failure as an OpenAI error body."""
+    pipeline = _pipeline(request)
+    record = pipeline.metrics.start(endpoint)
+    try:
+        response = JSONResponse(await work(pipeline))
+    except Exception as error:  # noqa: BLE001 - every failure becomes an OpenAI error body
+        api_error = to_api_error(error, prompt_param, pipeline.settings.retry_after_s)
+        record.finish(api_error.status)
+        return error_response(api_error)
+    record.finish(200)
+    return response

@@ -1,0 +1,41 @@
+"""The gateway's settings: every field is an environment variable CONVEYOR_GATEWAY_<NAME>."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from conveyor.common.settings import ServiceSettings
+
+
+class GatewaySettings(ServiceSettings):
+    """Settings of the gateway process."""
+
+    model_config = SettingsConfigDict(env_prefix="CONVEYOR_GATEWAY_", extra="ignore")
+
+    port: int = Field(8000, description="HTTP port to listen on (0 picks a free one).")
+    tokenizer_address: str = Field(
+        "127.0.0.1:50051", description="host:port of the tokenizer service."
+    )
+    engine_addresses: str = Field(
+        "127.0.0.1:50052", description="Comma-separated host:port list of engine replicas."
+    )
+    detok_address: str = Field("127.0.0.1:50053", description="host:port of the detok service.")
+    served_model_name: str | None = Field(
+        None, description="Model name clients use (default: the name the tokenizer serves)."
+    )
+    request_timeout_s: float = Field(
+        600.0, gt=0, description="Longest a request may take, streaming included, in seconds."
+    )
+    rpc_timeout_s: float = Field(
+        10.0, gt=0, description="Deadline of one unary gRPC call (render, stats, decode)."
+    )
+    retry_after_s: int = Field(
+        1, ge=0, description="Retry-After seconds sent with 503 when no engine can take a request."
+    )
+    max_n: int = Field(16, ge=1, description="Largest n (choices per prompt) a request may use.")
+
+    @property
+    def engine_address_list(self) -> list[str]:
+        """engine_addresses split on commas, blanks dropped."""
+        return [a.strip() for a in self.engine_addresses.split(",") if a.strip()]

@@ -1,0 +1,140 @@
+"""API keys: created once, stored only as their SHA-256, checked in constant time.
+
+A key is `cvy-` + 43 URL-safe characters (256 random bits). Redis never holds
+the key itself, only its digest:
+
+    {prefix}:apikey:{key_id}   HASH  digest, tenant, tier, created_at, redacted
+    {prefix}:apikeys           SET   every key_id (for `list`)
+
+`key_id` is the first 16 hex digits of the digest, so authentication finds the
+record by hashing the presented key, then compares the full stored digest with
+`hmac.compare_digest`: how long the check takes never depends on how much of
+the digest matched. (Knowing 64 bits of a digest of a 256-bit random secret
+helps no one guess the secret, so key ids can be listed and logged.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from conveyor.common.engine_registry import require_decoded_responses
+from conveyor.gateway.tenancy.errors import (
+    InvalidApiKey,
+    MissingApiKey,
+    TierNotConfigured,
+    redact_key,
+)
+from conveyor.gateway.tenancy.tenant import Tenant, check_tenant_id
+from conveyor.gateway.tenancy.tiers import Tier
+
+KEY_PREFIX = "cvy-"
+_KEY_ID_HEX_DIGITS = 16
+
+
+def key_digest(key: str) -> str:
+    """SHA-256 of the key, hex: the only form of a key that is stored."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def bearer_key(authorization: str | None) -> str:
+    """The key in an `Authorization: Bearer <key>` header; MissingApiKey without one."""
+    scheme, _, key = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise MissingApiKey()
+    return key.strip()
+
+
+@dataclass(slots=True, frozen=True)
+class ApiKeyRecord:
+    """What is stored about a key (never the key)."""
+
+    key_id: str
+    tenant_id: str
+    tier: str
+    created_at: float
+    """Unix seconds."""
+    redacted: str
+    """The key's first and last 4 characters, for people to recognise it."""
+
+
+@dataclass(slots=True, frozen=True)
+class CreatedApiKey:
+    """A new key: `key` is shown once and cannot be recovered afterwards."""
+
+    key: str
+    record: ApiKeyRecord
+
+
+class ApiKeyStore:
+    """Creates, lists, revokes and checks API keys in Redis."""
+
+    def __init__(self, redis: Redis, tiers: dict[str, Tier], *, prefix: str = "conveyor"):
+        require_decoded_responses(redis)
+        self._redis = redis
+        self._tiers = tiers
+        self._prefix = prefix
+
+    async def create(self, tenant_id: str, tier: str) -> CreatedApiKey:
+        """A new key for `tenant_id` in `tier`."""
+        check_tenant_id(tenant_id)
+        if tier not in self._tiers:
+            raise ValueError(f"unknown tier {tier!r}; known: {sorted(self._tiers)}")
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        digest = key_digest(key)
+        record = ApiKeyRecord(digest[:_KEY_ID_HEX_DIGITS], tenant_id, tier, time.time(),
+                              redact_key(key))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._record_key(record.key_id), mapping={
+                "digest": digest, "tenant": tenant_id, "tier": tier,
+                "created_at": repr(record.created_at), "redacted": record.redacted,
+            })
+            pipe.sadd(self._index_key, record.key_id)
+            await pipe.execute()
+        return CreatedApiKey(key, record)
+
+    async def list(self) -> list[ApiKeyRecord]:
+        """Every live key, oldest first."""
+        key_ids = sorted(await self._redis.smembers(self._index_key))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key_id in key_ids:
+                pipe.hgetall(self._record_key(key_id))
+            rows = await pipe.execute()
+        records = [_record(key_id, row) for key_id, row in zip(key_ids, rows, strict=True) if row]
+        return sorted(records, key=lambda r: (r.created_at, r.key_id))
+
+    async def revoke(self, key_id: str) -> bool:
+        """Delete a key; requests with it fail from now on. False if there was no such key."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._record_key(key_id))
+            pipe.srem(self._index_key, key_id)
+            deleted, _ = await pipe.execute()
+        return bool(deleted)
+
+    async def authenticate(self, key: str) -> Tenant:
+        """The tenant of `key`; InvalidApiKey if it is unknown or revoked."""
+        digest = key_digest(key)
+        row = await self._redis.hgetall(self._record_key(digest[:_KEY_ID_HEX_DIGITS]))
+        if not row or not hmac.compare_digest(row["digest"], digest):
+            raise InvalidApiKey(key)
+        tier = self._tiers.get(row["tier"])
+        if tier is None:
+            raise TierNotConfigured(row["tier"])
+        return Tenant(row["tenant"], tier, key_id=digest[:_KEY_ID_HEX_DIGITS])
+
+    @property
+    def _index_key(self) -> str:
+        return f"{self._prefix}:apikeys"
+
+    def _record_key(self, key_id: str) -> str:
+        return f"{self._prefix}:apikey:{key_id}"
+
+
+def _record(key_id: str, row: dict[str, str]) -> ApiKeyRecord:
+    return ApiKeyRecord(key_id, row["tenant"], row["tier"], float(row["created_at"]),
+                        row["redacted"])
