@@ -74,11 +74,8 @@ class KVCacheManager:
         self, request: Request, num_new_tokens: int, computed_blocks: Sequence[KVCacheBlock] = ()
     ) -> int:
         """Free blocks that `allocate_slots` with these arguments would take from the pool."""
-        num_held = len(self._tables.get(request.request_id, ())) + len(computed_blocks)
-        num_tokens = request.num_computed_tokens + len(computed_blocks) * self.block_size
-        num_needed = -(-(num_tokens + num_new_tokens) // self.block_size)
         num_free_hits = sum(1 for block in computed_blocks if block.ref_cnt == 0)
-        return max(num_needed - num_held, 0) + num_free_hits
+        return self._num_new_blocks(request, num_new_tokens, computed_blocks) + num_free_hits
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, computed_blocks: Sequence[KVCacheBlock] = ()
@@ -90,16 +87,16 @@ class KVCacheManager:
         holds no blocks yet: they start its table and count as computed. Returns
         the newly allocated blocks, possibly [] (test the result with `is None`).
         """
-        if self.num_blocks_to_allocate(request, num_new_tokens, computed_blocks) > (
-            self.pool.num_free_blocks
-        ):
+        num_new_blocks = self._num_new_blocks(request, num_new_tokens, computed_blocks)
+        num_free_hits = sum(1 for block in computed_blocks if block.ref_cnt == 0)
+        if num_new_blocks + num_free_hits > self.pool.num_free_blocks:
             return None
         table = self._tables.get(request.request_id)
         if table is None:
             table = self._start_table(request, computed_blocks)
-        num_tokens = request.num_computed_tokens + len(computed_blocks) * self.block_size
-        num_needed = -(-(num_tokens + num_new_tokens) // self.block_size)
-        new_blocks = self.pool.allocate(max(num_needed - len(table), 0))
+        if num_new_blocks == 0:
+            return []
+        new_blocks = self.pool.allocate(num_new_blocks)
         table.extend(block.block_id for block in new_blocks)
         return new_blocks
 
@@ -148,6 +145,14 @@ class KVCacheManager:
             slots.extend(range(base, base + run))
             position += run
         return slots
+
+    def _num_new_blocks(
+        self, request: Request, num_new_tokens: int, computed_blocks: Sequence[KVCacheBlock]
+    ) -> int:
+        num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
+        num_needed = -(-(num_computed + num_new_tokens) // self.block_size)
+        num_held = len(self._tables.get(request.request_id, ())) + len(computed_blocks)
+        return max(num_needed - num_held, 0)
 
     def _start_table(self, request: Request, computed_blocks: Sequence[KVCacheBlock]) -> list[int]:
         self.pool.touch(computed_blocks)

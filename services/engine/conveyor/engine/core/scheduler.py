@@ -210,6 +210,8 @@ class Scheduler:
 
     def _admit(self, request: Request, batch: BatchBuilder) -> bool:
         """Move the head of the waiting queue to running with its first chunk scheduled."""
+        if self._no_seq_for(request):
+            return False
         hits, num_hit_tokens = self.kv.get_computed_blocks(request)
         num_tokens = self._chunk_size(request.num_tokens - num_hit_tokens, batch.token_budget)
         if not self._has_room(request, num_tokens, hits) and not self._preempt_for(
@@ -226,6 +228,13 @@ class Scheduler:
             request.num_cached_tokens = num_hit_tokens
         batch.add(request, num_tokens)
         return True
+
+    def _no_seq_for(self, request: Request) -> bool:
+        """max_num_seqs is reached and no running request ranks below `request` (a cheap
+        test before the prefix-cache lookup)."""
+        if len(self.running) < self.config.max_num_seqs:
+            return False
+        return not any(running.priority > request.priority for running in self.running)
 
     def _has_room(self, request: Request, num_tokens: int, hits: list[KVCacheBlock]) -> bool:
         if len(self.running) >= self.config.max_num_seqs:
