@@ -366,7 +366,8 @@ def test_bad_requests_are_refused(support):
 
 
 def test_an_engine_whose_pool_cannot_hold_one_sequence_refuses_to_start():
-    with pytest.raises(KVCacheTooSmall, match="kv_cache_gib or memory_utilization.*max_model_len"):
+    expected = r"2032 tokens.*max_model_len=2048.*increase kv_cache_gib.*lower max_model_len"
+    with pytest.raises(KVCacheTooSmall, match=expected):
         Scheduler(SchedulerConfig(num_blocks=127, block_size=16, max_model_len=2048))
     SchedulerConfig(num_blocks=128, block_size=16, max_model_len=2048)  # exactly one fits
 

@@ -60,5 +60,6 @@ class SchedulerConfig:
                 f"the KV cache holds {self.num_blocks} blocks x {self.block_size} tokens = "
                 f"{self.kv_capacity_tokens} tokens, fewer than one max_model_len="
                 f"{self.max_model_len} sequence needs ({self.max_blocks_per_seq} blocks); "
-                f"increase kv_cache_gib or memory_utilization, or lower max_model_len"
+                f"increase kv_cache_gib (CPU), memory_utilization (GPU) or num_kv_blocks, "
+                f"or lower max_model_len"
             )

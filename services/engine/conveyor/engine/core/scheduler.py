@@ -9,6 +9,7 @@ from conveyor.engine.core.config import SchedulerConfig
 from conveyor.engine.core.errors import DuplicateRequestId, RequestTooLong
 from conveyor.engine.core.kv_block import KVCacheBlock
 from conveyor.engine.core.kv_cache_manager import KVCacheManager
+from conveyor.engine.core.preemption import any_below, pick_victim, victims_below
 from conveyor.engine.core.request import FinishReason, Request, RequestStatus
 from conveyor.engine.core.request_update import RequestUpdate
 from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SampledToken, SchedulerOutput
@@ -173,19 +174,11 @@ class Scheduler:
         """Allocate the request's slots, preempting victims until it fits; False if the
         request itself was the victim."""
         while self.kv.allocate_slots(request, num_tokens) is None:
-            victim = self._pick_victim()
+            victim = pick_victim(self.running)
             self._preempt(victim, batch)
             if victim is request:
                 return False
         return True
-
-    def _pick_victim(self) -> Request:
-        """The running request with the highest priority value, the latest admitted on ties."""
-        victim = self.running[-1]
-        for request in reversed(self.running):
-            if request.priority > victim.priority:
-                victim = request
-        return victim
 
     def _preempt(self, victim: Request, batch: BatchBuilder) -> None:
         """Free the victim's blocks and queue it again under its original arrival number;
@@ -234,7 +227,7 @@ class Scheduler:
         test before the prefix-cache lookup)."""
         if len(self.running) < self.config.max_num_seqs:
             return False
-        return not any(running.priority > request.priority for running in self.running)
+        return not any_below(self.running, request.priority)
 
     def _has_room(self, request: Request, num_tokens: int, hits: list[KVCacheBlock]) -> bool:
         if len(self.running) >= self.config.max_num_seqs:
@@ -247,15 +240,14 @@ class Scheduler:
         """Preempt strictly lower-priority running requests (worst first) to admit `request`,
         but only if they free enough sequence slots and blocks; otherwise preempt none.
 
-        Strictly lower: equal priorities never displace each other, so two requests
-        cannot take turns preempting one another (vLLM issue #40004). The block count
-        is a lower bound (blocks shared between two victims are not counted).
+        Only strictly lower priorities are victims (see `victims_below`). The block
+        count is a lower bound (blocks shared between two victims are not counted).
         """
         needs_seq = len(self.running) >= self.config.max_num_seqs
         num_needed = self.kv.num_blocks_to_allocate(request, num_tokens, hits)
         num_free = self.kv.num_free_blocks
         victims: list[Request] = []
-        for victim in self._lower_priority_running(request.priority):
+        for victim in victims_below(self.running, request.priority):
             if (victims or not needs_seq) and num_needed <= num_free:
                 break
             victims.append(victim)
@@ -265,12 +257,6 @@ class Scheduler:
         for victim in victims:
             self._preempt(victim, batch)
         return True
-
-    def _lower_priority_running(self, priority: int) -> list[Request]:
-        """Running requests with a higher priority value, worst first (latest admitted on ties)."""
-        ranked = [(r.priority, i, r) for i, r in enumerate(self.running) if r.priority > priority]
-        ranked.sort(key=lambda entry: entry[:2], reverse=True)
-        return [request for _, _, request in ranked]
 
     def _chunk_size(self, num_remaining: int, token_budget: int) -> int:
         threshold = self.config.long_prefill_token_threshold
