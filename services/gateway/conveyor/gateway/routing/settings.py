@@ -1,0 +1,31 @@
+"""Settings of routing across engine replicas: CONVEYOR_GATEWAY_<NAME>.
+
+They share the gateway's prefix; the gateway's settings class can inherit from
+this one to hold them all.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RoutingSettings(BaseSettings):
+    """Session affinity, prefix-cache hints and what counts as overloaded."""
+
+    model_config = SettingsConfigDict(env_prefix="CONVEYOR_GATEWAY_", extra="ignore")
+
+    session_ttl_s: float = Field(1800.0, gt=0, description="How long a session stays bound to "
+                                 "its engine after its last request.")
+    prefix_hint_ttl_s: float = Field(300.0, gt=0, description="How long a prompt prefix stays "
+                                     "hinted to the engine that last served it.")
+    prefix_block_size: int = Field(16, ge=1, description="Tokens per prefix-hint block; match "
+                                   "the engine's KV block size (CONVEYOR_ENGINE_BLOCK_SIZE).")
+    prefix_hint_blocks: int = Field(4, ge=0, description="Leading full blocks of a prompt that "
+                                    "are hinted (0 turns prefix hints off).")
+    max_waiting: int = Field(8, ge=0, description="An engine with more waiting requests is "
+                             "overloaded: sessions move off it when another engine is not.")
+    max_kv_usage: float = Field(0.95, gt=0, le=1, description="An engine using more of its KV "
+                                "cache (0-1) is overloaded.")
+    max_imbalance: int = Field(8, ge=0, description="A prefix hint is ignored when its engine "
+                               "has this many more requests than the least loaded one.")

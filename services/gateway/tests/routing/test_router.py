@@ -1,0 +1,162 @@
+"""The router against the real Redis: affinity, rebinding, prefix hints, least loaded."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conveyor.common.engine_registry import EngineEntry, EngineLoad, EngineRegistry
+from conveyor.gateway.engine_picker import NoEngineAvailable
+from conveyor.gateway.routing.router import Router
+from conveyor.gateway.routing.settings import RoutingSettings
+
+PROMPT = list(range(100, 148))  # three full 16-token blocks
+OTHER_PROMPT = list(range(500, 548))
+
+
+@pytest.fixture
+def settings():
+    return RoutingSettings(max_waiting=4, max_kv_usage=0.9, max_imbalance=3)
+
+
+@pytest.fixture
+def registry(redis, prefix):
+    return EngineRegistry(redis, prefix=prefix)
+
+
+@pytest.fixture
+def router(redis, prefix, settings):
+    return Router.from_settings(redis, settings, prefix=prefix)
+
+
+@pytest.fixture
+def other_router(other_redis, prefix, settings):
+    """The router of a second gateway (its own Redis connection)."""
+    return Router.from_settings(other_redis, settings, prefix=prefix)
+
+
+async def engine(registry: EngineRegistry, engine_id: str, running: int = 0, waiting: int = 0,
+                 kv: float = 0.0) -> None:
+    await registry.heartbeat(EngineEntry(engine_id, f"{engine_id}:50052", "m",
+                                         EngineLoad(running, waiting, kv)))
+
+
+async def test_no_engine_is_unavailable(router):
+    with pytest.raises(NoEngineAvailable, match="no live engine"):
+        await router.pick(None, PROMPT)
+
+
+async def test_least_loaded_without_session_or_hint(registry, router):
+    await engine(registry, "a", running=3)
+    await engine(registry, "b", running=1, waiting=1)
+    await engine(registry, "c", running=2)
+    assert (await router.pick(None, [1, 2, 3])).engine_id == "b"
+
+
+async def test_least_loaded_prefers_engines_that_are_not_overloaded(registry, router):
+    await engine(registry, "a", running=0, kv=0.95)
+    await engine(registry, "b", running=6)
+    assert (await router.pick(None, [1, 2, 3])).engine_id == "b"
+
+
+async def test_a_session_stays_on_its_engine_while_it_is_healthy(registry, router):
+    await engine(registry, "a")
+    await engine(registry, "b", running=1)
+    assert (await router.pick("s1", PROMPT)).engine_id == "a"
+    await engine(registry, "a", running=3, waiting=2)
+    assert (await router.pick("s1", PROMPT + [7] * 20)).engine_id == "a"
+
+
+async def test_two_gateways_route_a_session_to_the_same_engine(registry, router, other_router):
+    await engine(registry, "a")
+    await engine(registry, "b", running=1)
+    assert (await router.pick("s1", PROMPT)).engine_id == "a"
+    await engine(registry, "a", running=4)  # b is now the least loaded
+    assert (await other_router.pick("s1", PROMPT)).engine_id == "a"
+
+
+async def test_racing_gateways_agree_on_a_new_session(registry, router, other_router):
+    await engine(registry, "a")
+    await engine(registry, "b")
+    picks = await asyncio.gather(*(r.pick(f"s{i}", [i]) for i in range(10)
+                                   for r in (router, other_router)))
+    for i in range(10):
+        assert picks[2 * i].engine_id == picks[2 * i + 1].engine_id
+
+
+async def test_session_moves_when_its_engine_is_gone_and_both_gateways_follow(
+        registry, router, other_router):
+    await engine(registry, "a")
+    await engine(registry, "b", running=2)
+    await engine(registry, "c", running=3)
+    assert (await router.pick("s1", PROMPT)).engine_id == "a"
+    await registry.deregister("a")
+    assert (await router.pick("s1", PROMPT)).engine_id == "b"
+    await engine(registry, "b", running=9)  # b is busy now, but still holds the session
+    assert (await other_router.pick("s1", PROMPT)).engine_id == "b"
+
+
+async def test_session_moves_when_its_engine_misses_heartbeats(redis, prefix, settings):
+    short = EngineRegistry(redis, prefix=prefix, ttl_s=0.2)
+    router = Router.from_settings(redis, settings, prefix=prefix)
+    await engine(short, "a")
+    await engine(EngineRegistry(redis, prefix=prefix), "b", running=1)
+    assert (await router.pick("s1", PROMPT)).engine_id == "a"
+    await asyncio.sleep(0.3)
+    assert (await router.pick("s1", PROMPT)).engine_id == "b"
+
+
+async def test_session_moves_off_an_overloaded_engine_only_if_another_is_not(registry, router):
+    await engine(registry, "a")
+    await engine(registry, "b", running=1)
+    assert (await router.pick("s1", PROMPT)).engine_id == "a"
+    await engine(registry, "a", running=8, waiting=5)  # waiting 5 > max_waiting 4
+    await engine(registry, "b", running=8, kv=0.95)  # b overloaded too: moving gains nothing
+    assert (await router.pick("s1", PROMPT)).engine_id == "a"
+    await engine(registry, "b", running=8)
+    assert (await router.pick("s1", PROMPT)).engine_id == "b"
+
+
+async def test_prefix_hint_brings_a_shared_prefix_back_to_its_engine(registry, router):
+    await engine(registry, "a")
+    await engine(registry, "b", running=1)
+    assert (await router.pick(None, PROMPT)).engine_id == "a"
+    await engine(registry, "a", running=3)  # b less loaded, but within max_imbalance (3)
+    assert (await router.pick(None, PROMPT[:32] + [9] * 20)).engine_id == "a"
+    assert (await router.pick(None, OTHER_PROMPT)).engine_id == "b"
+
+
+async def test_prefix_hint_yields_when_its_engine_is_much_busier(registry, router):
+    await engine(registry, "a")
+    await engine(registry, "b", running=1)
+    assert (await router.pick(None, PROMPT)).engine_id == "a"
+    await engine(registry, "a", running=5)  # 4 more than b: beyond max_imbalance
+    assert (await router.pick(None, PROMPT)).engine_id == "b"
+
+
+async def test_prefix_hints_do_not_cross_cache_salts(registry, router):
+    await engine(registry, "a")
+    await engine(registry, "b", running=1)
+    assert (await router.pick(None, PROMPT, cache_salt="tenant:acme")).engine_id == "a"
+    await engine(registry, "a", running=2)
+    assert (await router.pick(None, PROMPT, cache_salt="tenant:globex")).engine_id == "b"
+    assert (await router.pick(None, PROMPT, cache_salt="tenant:acme")).engine_id == "a"
+
+
+async def test_a_hint_to_a_gone_engine_is_replaced(registry, router):
+    await engine(registry, "a")
+    await engine(registry, "b", running=1)
+    await engine(registry, "c", running=2)
+    assert (await router.pick(None, PROMPT)).engine_id == "a"
+    await registry.deregister("a")
+    assert (await router.pick(None, PROMPT)).engine_id == "b"
+    await engine(registry, "b", running=3)  # c least loaded now; the hint says b
+    assert (await router.pick(None, PROMPT)).engine_id == "b"
+
+
+def test_routing_settings_read_the_gateway_prefix(monkeypatch):
+    monkeypatch.setenv("CONVEYOR_GATEWAY_MAX_WAITING", "2")
+    monkeypatch.setenv("CONVEYOR_GATEWAY_SESSION_TTL_S", "60")
+    settings = RoutingSettings()
+    assert (settings.max_waiting, settings.session_ttl_s) == (2, 60.0)
