@@ -1,0 +1,93 @@
+"""The gateway's auth/admit seam (conveyor.gateway.admission.Admitter) over Redis.
+
+`authenticate(headers) -> Tenant` and `admit(tenant, num_prompt_tokens,
+max_tokens) -> TenantAdmission` have the shapes the request handler already
+calls, so the gateway swaps its anonymous Admitter for this one at startup.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from redis.asyncio import Redis
+
+from conveyor.gateway.tenancy.admission_control import AdmissionControl, Reservation
+from conveyor.gateway.tenancy.api_keys import ApiKeyStore, bearer_key
+from conveyor.gateway.tenancy.priority import engine_priority
+from conveyor.gateway.tenancy.settings import TenancySettings
+from conveyor.gateway.tenancy.tenant import ANONYMOUS_TENANT, Tenant
+
+
+class CompletionCount(Protocol):
+    """Anything that counts the completion tokens a request produced."""
+
+    completion_tokens: int
+
+
+@dataclass(slots=True)
+class TenantAdmission:
+    """An admitted request; `settle` exactly once is enough, more is harmless."""
+
+    tenant: Tenant
+    reservation: Reservation
+    control: AdmissionControl
+
+    @property
+    def rate_limit_headers(self) -> dict[str, str]:
+        """x-ratelimit-* to send before the response (stream) starts."""
+        return self.reservation.quota.headers()
+
+    def engine_priority(self, requested: int | None) -> int:
+        """The engine priority of the request's `priority` field (400 if not allowed)."""
+        return engine_priority(self.tenant.tier, requested)
+
+    async def settle(self, usage: CompletionCount | None) -> None:
+        """Return the unused tokens and the concurrency slot. `usage` None means the
+        request never produced output (failed or cancelled before the first
+        token): its prompt tokens are returned too."""
+        if usage is None:
+            await self.control.settle(self.reservation, 0, refund_prompt=True)
+        else:
+            await self.control.settle(self.reservation, usage.completion_tokens)
+
+
+class TenantAdmitter:
+    """API key -> tenant, then quota admission, both shared by all gateway replicas."""
+
+    def __init__(self, keys: ApiKeyStore | None, control: AdmissionControl, anonymous: Tenant):
+        self._keys = keys
+        self._control = control
+        self._anonymous = anonymous
+
+    @classmethod
+    def from_settings(cls, redis: Redis, settings: TenancySettings) -> TenantAdmitter:
+        """Keys are checked when settings.auth_enabled; otherwise every request is
+        the anonymous tenant of settings.anonymous_tier."""
+        tiers = settings.tier_table
+        keys = ApiKeyStore(redis, tiers, prefix=settings.redis_prefix) \
+            if settings.auth_enabled else None
+        control = AdmissionControl(redis, prefix=settings.redis_prefix,
+                                   period_s=settings.quota_period_s,
+                                   reservation_ttl_s=settings.reservation_ttl_s)
+        return cls(keys, control, Tenant(ANONYMOUS_TENANT, tiers[settings.anonymous_tier]))
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self._keys is not None
+
+    async def authenticate(self, headers: Mapping[str, str]) -> Tenant:
+        """The caller's tenant; MissingApiKey / InvalidApiKey (401) when auth is on."""
+        if self._keys is None:
+            return self._anonymous
+        return await self._keys.authenticate(bearer_key(headers.get("authorization")))
+
+    async def admit(self, tenant: Tenant, num_prompt_tokens: int,
+                    max_tokens: int) -> TenantAdmission:
+        """Reserve the request's quota; RateLimited / RequestTooLarge (429) if it
+        does not fit now."""
+        reservation = await self._control.admit(tenant, f"rsv-{uuid.uuid4().hex}",
+                                                num_prompt_tokens, max_tokens)
+        return TenantAdmission(tenant, reservation, self._control)
