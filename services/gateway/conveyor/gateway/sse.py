@@ -37,7 +37,9 @@ class EventStreamResponse(Response):
     def __init__(self, payloads: AsyncIterator[dict], deadline: float,
                  error_of: Callable[[BaseException], APIError],
                  on_close: Callable[[int], Awaitable[None]], headers: dict[str, str]):
-        super().__init__(content=None, status_code=200, headers={**SSE_HEADERS, **headers})
+        self.status_code = 200
+        self.background = None
+        self.init_headers({**SSE_HEADERS, **headers})  # no body, so no Content-Length
         self._payloads = payloads
         self._deadline = deadline
         self._error_of = error_of

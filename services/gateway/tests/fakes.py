@@ -1,0 +1,192 @@
+"""In-process fake tokenizer, engine and detok servicers (unit tests only).
+
+The fake model's token ids are character codes: the tokenizer maps each
+character of the rendered prompt to ord(c), the engine "generates" the
+characters of a fixed script, and detok turns ids back into characters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+
+from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, ERROR_REASON_KEY
+from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
+from conveyor.common.settings import ServiceSettings
+from conveyor.v1 import (
+    detok_pb2,
+    detok_pb2_grpc,
+    engine_pb2,
+    engine_pb2_grpc,
+    tokenizer_pb2,
+    tokenizer_pb2_grpc,
+)
+
+MODEL = "fake-model"
+MAX_MODEL_LEN = 128
+VOCAB_SIZE = 1000
+SCRIPT = "Hello there, friend. This is a fake model talking slowly."
+
+
+class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
+    async def Render(self, request, context):
+        text = "".join(f"{m.role}:{m.content}{''.join(p.text for p in m.parts)}\n"
+                       for m in request.messages) + "assistant:"
+        return await self._reply(text, request.max_tokens, context)
+
+    async def Tokenize(self, request, context):
+        if request.HasField("token_ids"):
+            text = "".join(chr(i) for i in request.token_ids.ids)
+        else:
+            text = request.text
+        return await self._reply(text, request.max_tokens, context)
+
+    async def _reply(self, text, max_tokens, context):
+        ids = [ord(c) % VOCAB_SIZE for c in text]
+        if len(ids) + max_tokens > MAX_MODEL_LEN:
+            context.set_trailing_metadata(((ERROR_REASON_KEY, CONTEXT_LENGTH_EXCEEDED),))
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
+                f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the messages, "
+                f"{max_tokens} in the completion).",
+            )
+        return tokenizer_pb2.TokenizeResponse(token_ids=ids, prompt_text=text,
+                                              num_tokens=len(ids), max_model_len=MAX_MODEL_LEN)
+
+    async def Decode(self, request, context):
+        return tokenizer_pb2.DecodeResponse(text="".join(chr(i) for i in request.token_ids))
+
+    async def Info(self, request, context):
+        return tokenizer_pb2.TokenizerInfo(model=MODEL, vocab_size=VOCAB_SIZE,
+                                           max_model_len=MAX_MODEL_LEN)
+
+
+@dataclass
+class FakeEngine(engine_pb2_grpc.EngineServicer):
+    """Streams SCRIPT one character per chunk, `delay_s` apart. `fail_after` tokens
+    (None: never) it aborts with `fail_code`. Tracks running and cancelled requests."""
+
+    delay_s: float = 0.0
+    fail_after: int | None = None
+    fail_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    running: set[str] = field(default_factory=set)
+    cancelled: list[str] = field(default_factory=list)
+    requests: list = field(default_factory=list)
+
+    async def Generate(self, request, context):
+        self.requests.append(request)
+        self.running.add(request.request_id)
+        finished = False
+        try:
+            async for chunk in self._chunks(request, context):
+                yield chunk
+            finished = True
+        finally:
+            self.running.discard(request.request_id)
+            if not finished:
+                self.cancelled.append(request.request_id)
+
+    async def _chunks(self, request, context):
+        sampling = request.sampling
+        num_prompt = len(request.prompt_token_ids)
+        for i in range(sampling.max_tokens):
+            if self.fail_after is not None and i >= self.fail_after:
+                await context.abort(self.fail_code, "fake engine failure")
+            await asyncio.sleep(self.delay_s)
+            token = ord(SCRIPT[i % len(SCRIPT)])
+            last = i == sampling.max_tokens - 1
+            yield engine_pb2.GenerateResponse(
+                token_ids=[token],
+                logprobs=[_logprobs(token, sampling)] if sampling.logprobs else [],
+                finish_reason=engine_pb2.FINISH_REASON_LENGTH if last else 0,
+                usage=engine_pb2.Usage(prompt_tokens=num_prompt, completion_tokens=i + 1,
+                                       cached_tokens=3),
+            )
+
+    async def Stats(self, request, context):
+        return engine_pb2.EngineStats(num_running=len(self.running), num_blocks=10,
+                                      num_free_blocks=10)
+
+    async def Info(self, request, context):
+        return engine_pb2.EngineInfo(model=MODEL, max_model_len=MAX_MODEL_LEN)
+
+
+def _logprobs(token: int, sampling) -> engine_pb2.PositionLogprobs:
+    top = [engine_pb2.TokenLogprob(token_id=token + k, logprob=-0.5 - k)
+           for k in range(sampling.top_logprobs)]
+    return engine_pb2.PositionLogprobs(logprob=-0.5, top=top)
+
+
+class FakeDetok(detok_pb2_grpc.DetokenizerServicer):
+    """Characters back from ids; stop strings matched on the whole text, with the
+    last len(longest stop) - 1 characters held back until they cannot start a match."""
+
+    def __init__(self) -> None:
+        self.streams_closed = 0
+
+    async def Detokenize(self, request_iterator, context):
+        try:
+            async for reply in self._replies(request_iterator):
+                yield reply
+        finally:
+            self.streams_closed += 1
+
+    async def _replies(self, request_iterator):
+        start, text, sent, num_tokens = None, "", 0, 0
+        async for message in request_iterator:
+            start = start or message.start
+            text += "".join(chr(i) for i in message.token_ids)
+            num_tokens += len(message.token_ids)
+            for index, stop in enumerate(start.stop):
+                at = text.find(stop)
+                if at >= 0:
+                    end = at + len(stop) if start.include_stop_str_in_output else at
+                    yield detok_pb2.DetokenizeResponse(
+                        text_delta=text[sent:end], num_tokens=num_tokens,
+                        stop_match=detok_pb2.StopMatch(stop=stop, stop_index=index,
+                                                       num_tokens=num_tokens))
+                    return
+            hold = 0 if message.finish else max((len(s) - 1 for s in start.stop), default=0)
+            ready = max(sent, len(text) - hold)
+            if ready > sent or message.token_ids:
+                yield detok_pb2.DetokenizeResponse(text_delta=text[sent:ready],
+                                                   num_tokens=num_tokens)
+                sent = ready
+            if message.finish:
+                return
+
+
+@dataclass
+class FakeServices:
+    tokenizer: FakeTokenizer
+    engine: FakeEngine
+    detok: FakeDetok
+    servers: list
+    script: str = SCRIPT
+    model: str = MODEL
+    max_model_len: int = MAX_MODEL_LEN
+    vocab_size: int = VOCAB_SIZE
+
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.servers[['tokenizer', 'engine', 'detok'].index(name)].port}"
+
+    async def stop(self) -> None:
+        for server in self.servers:
+            await server.server.stop(grace=None)
+
+
+async def start_fakes() -> FakeServices:
+    tokenizer, engine, detok = FakeTokenizer(), FakeEngine(), FakeDetok()
+    registrations = [
+        ServiceRegistration("conveyor.v1.Tokenizer",
+                            tokenizer_pb2_grpc.add_TokenizerServicer_to_server, tokenizer),
+        ServiceRegistration("conveyor.v1.Engine", engine_pb2_grpc.add_EngineServicer_to_server,
+                            engine),
+        ServiceRegistration("conveyor.v1.Detokenizer",
+                            detok_pb2_grpc.add_DetokenizerServicer_to_server, detok),
+    ]
+    servers = [await start_grpc_server(ServiceSettings(port=0), [r]) for r in registrations]
+    return FakeServices(tokenizer, engine, detok, servers)
