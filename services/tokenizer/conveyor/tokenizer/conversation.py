@@ -82,6 +82,6 @@ def parse_json(text: str, expected: type, what: str):
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, expected):
-        kind = "an array" if expected is list else "an object"
-        raise InvalidRequest(f"{what} must be a JSON {kind}, got {type(value).__name__}")
+        kind = "a JSON array" if expected is list else "a JSON object"
+        raise InvalidRequest(f"{what} must be {kind}, got {type(value).__name__}")
     return value

@@ -1,0 +1,93 @@
+"""PromptService: tokenization off the event loop, id checks, the context-length rule."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conveyor.tokenizer.chat_request import ChatRequest
+from conveyor.tokenizer.conversation import ChatMessage
+from conveyor.tokenizer.errors import ContextLengthExceeded, InvalidRequest
+from conveyor.tokenizer.prompt import TextPrompt, TokenIdsPrompt
+
+MAX_MODEL_LEN = 64  # the `service` fixture's context length
+
+
+async def test_tokenize_text(service, tokenizer):
+    prompt = await service.tokenize(TextPrompt("Hello world", max_tokens=5))
+    assert prompt.token_ids == tokenizer.encode("Hello world")
+    assert (prompt.prompt_text, prompt.num_tokens, prompt.max_model_len) == (
+        "Hello world", 2, MAX_MODEL_LEN)
+
+
+async def test_token_ids_are_taken_as_given(service):
+    prompt = await service.tokenize(TokenIdsPrompt([1, 49151, 0]))
+    assert prompt.token_ids == [1, 49151, 0] and prompt.prompt_text == ""
+
+
+async def test_render_tokenizes_the_rendered_text(service, tokenizer):
+    request = ChatRequest([ChatMessage("system", "s"), ChatMessage("user", "u")],
+                          add_generation_prompt=True)
+    prompt = await service.render(request)
+    assert prompt.prompt_text.endswith("<|im_start|>assistant\n")
+    assert prompt.token_ids == tokenizer.encode(prompt.prompt_text)
+    assert prompt.token_ids[0] == 1  # <|im_start|> is one special token, not text
+
+
+async def test_context_length_boundary(service):
+    ids = [5] * 60
+    assert (await service.tokenize(TokenIdsPrompt(ids, max_tokens=4))).num_tokens == 60
+    with pytest.raises(ContextLengthExceeded) as caught:
+        await service.tokenize(TokenIdsPrompt(ids, max_tokens=5))
+    assert (caught.value.prompt_len, caught.value.max_tokens) == (60, 5)
+    assert str(caught.value) == (
+        "prompt_len 60 + max_tokens 5 = 65 tokens exceeds this model's maximum context length, "
+        "max_model_len 64; shorten the prompt or lower max_tokens")
+
+
+@pytest.mark.parametrize("prompt, message", [
+    (TextPrompt(""), "prompt is empty; send text or token ids"),
+    (TokenIdsPrompt([]), "prompt token_ids is empty; send at least one token id"),
+    (TokenIdsPrompt([3, 49152]),
+     "prompt token_ids[1] = 49152 is outside the vocabulary (ids must be below 49152)"),
+])
+async def test_bad_prompts(service, prompt, message):
+    with pytest.raises(InvalidRequest) as caught:
+        await service.tokenize(prompt)
+    assert str(caught.value) == message
+
+
+async def test_decode_checks_ids(service):
+    assert await service.decode([19556, 2], skip_special_tokens=True) == "Hello"
+    assert await service.decode([19556, 2], skip_special_tokens=False) == "Hello<|im_end|>"
+    with pytest.raises(InvalidRequest, match="is outside the vocabulary"):
+        await service.decode([60000], skip_special_tokens=True)
+
+
+async def test_a_long_prompt_does_not_stall_the_event_loop(service):
+    long_prompt = asyncio.create_task(service.tokenize(TextPrompt("lorem ipsum dolor " * 60_000)))
+    await asyncio.sleep(0.01)
+    short = await service.tokenize(TextPrompt("hi"))
+    assert short.num_tokens == 1 and not long_prompt.done()
+    with pytest.raises(ContextLengthExceeded):
+        await long_prompt
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(min_size=1, max_size=60), max_tokens=st.integers(0, 80))
+def test_property_counts_and_length_rule(service, tokenizer, text, max_tokens):
+    ids = tokenizer.encode(text)
+    try:
+        prompt = asyncio.run(service.tokenize(TextPrompt(text, max_tokens=max_tokens)))
+    except ContextLengthExceeded:
+        assert len(ids) + max_tokens > MAX_MODEL_LEN
+        return
+    except InvalidRequest:
+        assert not ids  # text the vocabulary cannot represent at all
+        return
+    assert len(ids) + max_tokens <= MAX_MODEL_LEN
+    assert prompt.token_ids == ids and prompt.num_tokens == len(ids)
