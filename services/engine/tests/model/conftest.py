@@ -106,3 +106,141 @@ def random_step(*, block_size: int, num_kv_heads: int, group: int, head_dim: int
         key=randn(num_tokens, num_kv_heads, head_dim),
         value=randn(num_tokens, num_kv_heads, head_dim),
         kv_cache=randn(2, num_blocks, block_size, num_kv_heads, head_dim))
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(smollm2_folder):
+    """Our fp32 model on CPU with the torch backend, shared by the slow tests."""
+    from conveyor.engine.model.loader import load_model
+
+    return load_model(smollm2_folder)
+
+
+@pytest.fixture(scope="session")
+def hf_model(smollm2_folder):
+    """transformers' LlamaForCausalLM on the same folder: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_folder, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2_folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_folder)
+
+
+@dataclass
+class DriverRequest:
+    request_id: str
+    prompt: list[int]
+    max_tokens: int
+    params: object
+    output: list[int]
+    num_computed: int = 0
+    block_table: list[int] | None = None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def done(self) -> bool:
+        return len(self.output) >= self.max_tokens
+
+
+class StepDriver:
+    """A tiny deterministic stand-in for the scheduler.
+
+    Each step gives every unfinished request, in arrival order, as many of its
+    missing tokens as the token budget still allows (chunked prefill, decode and
+    mixes of both fall out). Blocks are taken one at a time from a shuffled
+    free list as a request's tokens cross block boundaries, so block tables
+    are scattered over the pool.
+    """
+
+    def __init__(self, runner, *, token_budget: int, seed: int = 0) -> None:
+        self.runner = runner
+        self.block_size = runner.config.block_size
+        self.token_budget = token_budget
+        self.free = list(range(runner.capacity.num_blocks))
+        random.Random(seed).shuffle(self.free)
+        self.requests: list[DriverRequest] = []
+        self.num_steps = 0
+        self.num_mixed_steps = 0
+
+    def add(self, request_id: str, prompt: list[int], max_tokens: int, params=None) -> None:
+        from conveyor.engine.sampling_params import SamplingParams
+
+        params = params or SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        self.requests.append(DriverRequest(request_id, list(prompt), max_tokens, params, [],
+                                           0, []))
+
+    def schedule(self):
+        from conveyor.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+        budget, scheduled = self.token_budget, []
+        for r in self.requests:
+            missing = len(r.all_ids) - r.num_computed
+            if r.done or missing == 0 or budget == 0:
+                continue
+            count = min(missing, budget)
+            budget -= count
+            scheduled.append(self._scheduled(r, count, ScheduledRequest))
+        return SchedulerOutput(scheduled=scheduled, block_size=self.block_size)
+
+    def _scheduled(self, r: DriverRequest, count: int, cls):
+        start = r.num_computed
+        while len(r.block_table) * self.block_size < start + count:
+            r.block_table.append(self.free.pop())
+        positions = range(start, start + count)
+        slots = [r.block_table[p // self.block_size] * self.block_size + p % self.block_size
+                 for p in positions]
+        return cls(request_id=r.request_id, token_ids=r.all_ids[start:start + count],
+                   num_computed_tokens=start, block_table=r.block_table, slot_mapping=slots,
+                   needs_sample=start + count == len(r.all_ids), sampling_params=r.params,
+                   prompt_token_ids=r.prompt, output_token_ids=r.output)
+
+    def step(self) -> None:
+        output = self.schedule()
+        kinds = {len(s.token_ids) > 1 for s in output.scheduled}
+        self.num_mixed_steps += kinds == {True, False}
+        result = self.runner.execute(output)
+        by_id = {r.request_id: r for r in self.requests}
+        for s in output.scheduled:
+            r = by_id[s.request_id]
+            r.num_computed += len(s.token_ids)
+            if s.request_id in result.sampled:
+                r.output.append(result.sampled[s.request_id].token_id)
+        self.num_steps += 1
+
+    def run(self, arrivals: dict[int, list[tuple]] | None = None) -> dict[str, list[int]]:
+        """Step until every request is done; arrivals[k] are add() args added before step k."""
+        arrivals = dict(arrivals or {})
+        while arrivals or any(not r.done for r in self.requests):
+            for args in arrivals.pop(self.num_steps, []):
+                self.add(*args)
+            self.step()
+        return {r.request_id: r.output for r in self.requests}
+
+
+@pytest.fixture
+def make_driver():
+    """StepDriver(runner, token_budget=..., seed=...)."""
+    return StepDriver
+
+
+@pytest.fixture(scope="session")
+def make_runner(smollm2_model):
+    """ModelRunner(s) over the shared model with a small pool (keyword overrides allowed)."""
+    from conveyor.engine.worker.model_runner import ModelRunner
+    from conveyor.engine.worker.runner_config import RunnerConfig
+
+    def make(**overrides):
+        settings = dict(model="(preloaded)", block_size=16, num_blocks=256,
+                        max_model_len=2048, max_num_batched_tokens=512, max_num_seqs=16)
+        settings.update(overrides)
+        return ModelRunner(RunnerConfig(**settings), model=smollm2_model)
+
+    return make

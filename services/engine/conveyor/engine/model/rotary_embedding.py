@@ -40,27 +40,40 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Applies RoPE to flattened q [T, H, D] and k [T, Hkv, D] at given positions.
+    """cos/sin of every position up to max_positions, precomputed in fp32.
 
-    cos/sin are precomputed for max_positions in fp32 (a buffer, moved with the
-    module); rotation runs in fp32 and casts back to the input dtype.
+    `lookup` runs once per step; `apply_rotary` once per layer on q [T, H, D] and
+    k [T, Hkv, D]. Rotation runs in fp32 and casts back to the input dtype.
     """
 
     def __init__(self, head_dim: int, max_positions: int, theta: float,
                  scaling: RopeScaling) -> None:
         super().__init__()
-        inv_freq = inverse_frequencies(head_dim, theta, scaling)
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        self.register_buffer("cos_sin", torch.cat([angles.cos(), angles.sin()], dim=-1),
-                             persistent=False)
+        self.head_dim = head_dim
+        self.max_positions = max_positions
+        self.theta = theta
+        self.scaling = scaling
+        self.register_buffer("cos_sin", torch.empty(max_positions, head_dim), persistent=False)
+        self.reset_parameters()
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor,
-                k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def reset_parameters(self) -> None:
+        """(Re)compute the table in place, e.g. after construction on the meta device."""
+        if self.cos_sin.is_meta:
+            return
+        inv_freq = inverse_frequencies(self.head_dim, self.theta, self.scaling)
+        angles = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), inv_freq)
+        table = torch.cat([angles.cos(), angles.sin()], dim=-1)
+        self.cos_sin = table.to(device=self.cos_sin.device)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin, each [T, 1, D/2]; positions must be < max_positions (the
+        runner refuses a max_model_len beyond it, so no check here: it would sync)."""
         cos, sin = self.cos_sin.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return cos, sin
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate [T, H, D] by the looked-up angles (rotate-half layout)."""
     x1, x2 = x.float().chunk(2, dim=-1)
     rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     return rotated.to(x.dtype)

@@ -1,0 +1,111 @@
+"""A Llama-family decoder over a paged KV cache (Llama 2/3, SmolLM, Mistral, Qwen2).
+
+Inputs are flattened: T tokens of every request in the step, with their
+positions; each layer writes its new K/V into its own slice of the pool and
+attends through the backend. Nothing is stored between calls except weights:
+the KV pool and the step's attention plan are passed in explicitly.
+
+Parameter names follow HF's with q/k/v fused into `qkv_proj` and gate/up into
+`gate_up_proj` (weight_loader.py maps the checkpoint onto them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conveyor.engine.attention import AttentionBackend
+from conveyor.engine.model.model_config import ModelConfig
+from conveyor.engine.model.rms_norm import RMSNorm
+from conveyor.engine.model.rotary_embedding import RotaryEmbedding, apply_rotary
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.backend = backend
+        self.qkv_proj = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size,
+                                  bias=config.attention_bias)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+
+    def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                kv_cache: torch.Tensor, plan: Any) -> torch.Tensor:
+        c = self.config
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q = apply_rotary(q.view(num_tokens, c.num_attention_heads, c.head_dim), *rotary)
+        k = apply_rotary(k.view(num_tokens, c.num_key_value_heads, c.head_dim), *rotary)
+        v = v.view(num_tokens, c.num_key_value_heads, c.head_dim)
+        out = self.backend.forward(q, k, v, kv_cache, plan)
+        return self.o_proj(out.reshape(num_tokens, c.q_size))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size,
+                                      bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                kv_cache: torch.Tensor, plan: Any) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rotary, kv_cache, plan)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, backend) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
+                                          config.rope_theta, config.rope_scaling)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], plan: Any) -> torch.Tensor:
+        rotary = self.rotary_emb.lookup(positions)
+        hidden = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer(hidden, rotary, kv_cache, plan)
+        return self.norm(hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    """`forward` gives final hidden states [T, hidden]; `compute_logits` projects
+    only the rows the caller picks (those that need a sample) to the vocabulary."""
+
+    def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, backend)
+        self.lm_head = (None if config.tie_word_embeddings else
+                        nn.Linear(config.hidden_size, config.vocab_size, bias=False))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], plan: Any) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, plan)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight)

@@ -1,0 +1,52 @@
+"""Build a ready-to-run model from a checkpoint path (HF folder or .gguf file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from conveyor.engine.attention import AttentionSpec, create_backend
+from conveyor.engine.model.llama import LlamaForCausalLM
+from conveyor.engine.model.model_config import ModelConfig
+from conveyor.engine.model.rotary_embedding import RotaryEmbedding
+from conveyor.engine.model.weight_loader import load_weights
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """An HF folder for `path`: the folder itself, or a .gguf converted once (cached)."""
+    path = Path(path).expanduser()
+    if path.suffix == ".gguf":
+        from conveyor.engine.model.gguf_convert import convert_gguf
+
+        return convert_gguf(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is neither a .gguf file nor a folder with config.json")
+    return path
+
+
+def attention_spec(config: ModelConfig) -> AttentionSpec:
+    return AttentionSpec(num_heads=config.num_attention_heads,
+                         num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
+                         scale=config.head_dim ** -0.5, sliding_window=config.sliding_window)
+
+
+def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu",
+               attention_backend: str = "torch") -> LlamaForCausalLM:
+    """Weights of `path` in `dtype` on `device`, in eval mode, attention by backend name.
+
+    The model is built on the meta device and materialized once, so no time or
+    memory goes to random initialization.
+    """
+    folder = resolve_checkpoint(path)
+    config = ModelConfig.from_folder(folder)
+    backend = create_backend(attention_backend, attention_spec(config))
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config, backend)
+    model = model.to_empty(device=device).to(dtype)
+    load_weights(model, folder)
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.reset_parameters()
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,1 @@
+"""Turning the logits of a step into tokens: penalties, filters, seeded sampling, logprobs."""

@@ -1,0 +1,96 @@
+"""The sampler: one call per step over the rows of every request that needs a token."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from conveyor.engine.core.scheduler_output import SampledToken, ScheduledRequest
+from conveyor.engine.sampling import logits_processors as lp
+from conveyor.engine.sampling.sampling_batch import SamplingBatch
+
+
+class Sampler:
+    """Greedy, temperature, min_p, top_k, top_p; penalties, logit_bias, min_tokens.
+
+    Order (vLLM's): raw logprobs are taken first (what logprobs report); then
+    min_tokens masking, logit_bias and penalties; greedy rows take the argmax
+    here; the rest are divided by temperature, filtered by min_p, top_k, top_p
+    and drawn by an exponential race (argmax of p / Exp(1) noise), which is a
+    draw from p. Seeded rows draw their noise from a generator seeded by
+    (seed, output position), so a seeded request is reproducible in any batch.
+    """
+
+    def __init__(self, eos_token_ids: Sequence[int], vocab_size: int,
+                 device: torch.device | str = "cpu", seed: int | None = None) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self._generator = torch.Generator(self.device)
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+
+    def sample(self, logits: torch.Tensor,
+               requests: Sequence[ScheduledRequest]) -> list[SampledToken]:
+        """logits [N, V], row i for requests[i]; returns one SampledToken per row."""
+        batch = SamplingBatch.from_requests(requests, self.eos_token_ids, self.vocab_size,
+                                            logits.device)
+        raw_logprobs = logits.float().log_softmax(dim=-1) if batch.needs_logprobs else None
+        processed = logits.float().clone()
+        self._apply_processors(processed, batch)
+        tokens = self._choose(processed, batch)
+        return self._to_sampled_tokens(tokens, raw_logprobs, requests, batch)
+
+    def _apply_processors(self, logits: torch.Tensor, batch: SamplingBatch) -> None:
+        if batch.min_tokens_mask is not None:
+            lp.apply_token_mask(logits, batch.min_tokens_mask)
+        if batch.logit_bias is not None:
+            lp.apply_logit_bias(logits, batch.logit_bias)
+        if batch.penalties is not None:
+            lp.apply_penalties(logits, batch.penalties)
+
+    def _choose(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        greedy_tokens = logits.argmax(dim=-1)
+        if batch.all_greedy:
+            return greedy_tokens
+        logits.div_(batch.temperature[:, None])
+        if batch.min_p is not None:
+            lp.apply_min_p(logits, batch.min_p)
+        if batch.top_k is not None or batch.top_p is not None:
+            lp.apply_top_k_top_p(logits, batch.top_k, batch.top_p)
+        random_tokens = self._exponential_race(logits.softmax(dim=-1), batch)
+        return torch.where(batch.greedy, greedy_tokens, random_tokens)
+
+    def _exponential_race(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        noise = torch.empty_like(probs).exponential_(generator=self._generator)
+        for row, seed in batch.seeds:
+            generator = torch.Generator(probs.device).manual_seed(seed)
+            noise[row].exponential_(generator=generator)
+        return (probs / noise).argmax(dim=-1)
+
+    def _to_sampled_tokens(self, tokens: torch.Tensor, raw_logprobs: torch.Tensor | None,
+                           requests: Sequence[ScheduledRequest],
+                           batch: SamplingBatch) -> list[SampledToken]:
+        token_list = tokens.tolist()
+        if raw_logprobs is None:
+            return [SampledToken(token) for token in token_list]
+        chosen = raw_logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
+        top_values, top_ids = (raw_logprobs.topk(batch.max_top_logprobs, dim=-1)
+                               if batch.max_top_logprobs else (None, None))
+        top_values = top_values.tolist() if top_values is not None else None
+        top_ids = top_ids.tolist() if top_ids is not None else None
+        return [self._with_logprobs(token_list[i], chosen[i], top_ids, top_values, i,
+                                    r.sampling_params.logprobs, r.sampling_params.top_logprobs)
+                for i, r in enumerate(requests)]
+
+    @staticmethod
+    def _with_logprobs(token: int, logprob: float, top_ids, top_values, row: int,
+                       wants_logprob: bool, num_top: int) -> SampledToken:
+        if not (wants_logprob or num_top):
+            return SampledToken(token)
+        top = (list(zip(top_ids[row][:num_top], top_values[row][:num_top], strict=True))
+               if num_top else None)
+        return SampledToken(token, logprob, top)

@@ -1,0 +1,142 @@
+"""One step's sampling parameters as tensors, one row per request that samples."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from conveyor.engine.core.scheduler_output import ScheduledRequest
+
+MIN_TEMPERATURE = 1e-5
+"""Below this a temperature is treated as greedy (dividing by it overflows fp32)."""
+
+
+@dataclass(slots=True)
+class TokenMask:
+    """(row, token) pairs, with a value for each when it is a bias."""
+
+    rows: torch.Tensor
+    tokens: torch.Tensor
+    values: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class PenaltyInputs:
+    """Token histories of the rows with penalties, padded with `vocab_size`.
+
+    The padding id is one past the vocabulary: scattered into a V + 1 wide
+    table whose last column is dropped, so it never touches a real token.
+    """
+
+    prompt_ids: torch.Tensor
+    output_ids: torch.Tensor
+    presence: torch.Tensor
+    frequency: torch.Tensor
+    repetition: torch.Tensor
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """Invariant: every tensor has one row per sampled request, in the runner's order.
+    Optional parts are None when no row uses them, so their cost is skipped."""
+
+    greedy: torch.Tensor
+    all_greedy: bool
+    temperature: torch.Tensor
+    top_k: torch.Tensor | None
+    top_p: torch.Tensor | None
+    min_p: torch.Tensor | None
+    penalties: PenaltyInputs | None
+    logit_bias: TokenMask | None
+    min_tokens_mask: TokenMask | None
+    seeds: list[tuple[int, int]]
+    """(row, generator seed) for rows with a per-request seed."""
+    max_top_logprobs: int
+    needs_logprobs: bool
+
+    @classmethod
+    def from_requests(cls, requests: Sequence[ScheduledRequest], eos_token_ids: Sequence[int],
+                      vocab_size: int, device: torch.device) -> SamplingBatch:
+        params = [r.sampling_params for r in requests]
+        greedy = [p.is_greedy or p.temperature < MIN_TEMPERATURE for p in params]
+        top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
+        return cls(
+            greedy=torch.tensor(greedy, device=device),
+            all_greedy=all(greedy),
+            temperature=torch.tensor([1.0 if g else p.temperature
+                                      for p, g in zip(params, greedy, strict=True)],
+                                     device=device),
+            top_k=(torch.tensor(top_k, device=device)
+                   if any(k < vocab_size for k in top_k) else None),
+            top_p=_optional([p.top_p for p in params], 1.0, device),
+            min_p=_optional([p.min_p for p in params], 0.0, device),
+            penalties=_penalty_inputs(requests, vocab_size, device),
+            logit_bias=_logit_bias(params, device),
+            min_tokens_mask=_min_tokens_mask(requests, eos_token_ids, device),
+            seeds=[(row, seed_for_position(r.sampling_params.seed, len(r.output_token_ids)))
+                   for row, r in enumerate(requests) if r.sampling_params.seed is not None],
+            max_top_logprobs=max((p.top_logprobs for p in params), default=0),
+            needs_logprobs=any(p.logprobs or p.top_logprobs for p in params),
+        )
+
+
+def seed_for_position(seed: int, position: int) -> int:
+    """A generator seed per (request seed, output position): a request's draws depend
+    only on its seed and how many tokens it has produced, not on its batch-mates."""
+    return (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) % (1 << 63)
+
+
+def _optional(values: list[float], neutral: float, device: torch.device) -> torch.Tensor | None:
+    if all(v == neutral for v in values):
+        return None
+    return torch.tensor(values, device=device, dtype=torch.float32)
+
+
+def _penalty_inputs(requests: Sequence[ScheduledRequest], vocab_size: int,
+                    device: torch.device) -> PenaltyInputs | None:
+    params = [r.sampling_params for r in requests]
+    if not any(p.has_penalties for p in params):
+        return None
+    prompts = [r.prompt_token_ids if r.sampling_params.repetition_penalty != 1.0 else []
+               for r in requests]
+    outputs = [r.output_token_ids if r.sampling_params.has_penalties else [] for r in requests]
+    return PenaltyInputs(
+        prompt_ids=_padded(prompts, vocab_size, device),
+        output_ids=_padded(outputs, vocab_size, device),
+        presence=torch.tensor([p.presence_penalty for p in params], device=device),
+        frequency=torch.tensor([p.frequency_penalty for p in params], device=device),
+        repetition=torch.tensor([p.repetition_penalty for p in params], device=device),
+    )
+
+
+def _padded(rows: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
+    width = max(1, max(len(r) for r in rows))
+    return torch.tensor([list(r) + [pad] * (width - len(r)) for r in rows], device=device)
+
+
+def _logit_bias(params, device: torch.device) -> TokenMask | None:
+    entries = [(row, token, bias) for row, p in enumerate(params)
+               for token, bias in p.logit_bias.items()]
+    if not entries:
+        return None
+    rows, tokens, values = zip(*entries, strict=True)
+    return TokenMask(torch.tensor(rows, device=device), torch.tensor(tokens, device=device),
+                     torch.tensor(values, device=device, dtype=torch.float32))
+
+
+def _min_tokens_mask(requests: Sequence[ScheduledRequest], eos_token_ids: Sequence[int],
+                     device: torch.device) -> TokenMask | None:
+    """EOS (unless ignore_eos) and stop ids of rows still short of min_tokens."""
+    pairs = []
+    for row, r in enumerate(requests):
+        p = r.sampling_params
+        if len(r.output_token_ids) >= p.min_tokens:
+            continue
+        stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
+        pairs.extend((row, token) for token in stops)
+    if not pairs:
+        return None
+    rows, tokens = zip(*pairs, strict=True)
+    return TokenMask(torch.tensor(rows, device=device), torch.tensor(tokens, device=device))

@@ -1,0 +1,122 @@
+"""The model runner: executes one scheduled step on the model and the KV pool."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from conveyor.engine.model.llama import LlamaForCausalLM
+from conveyor.engine.model.loader import load_model
+from conveyor.engine.sampling.sampler import Sampler
+from conveyor.engine.worker import kv_sizing
+from conveyor.engine.worker.kv_cache import allocate_kv_caches, kv_bytes_per_block
+from conveyor.engine.worker.profile_step import profiling_step
+from conveyor.engine.worker.runner_config import RunnerConfig
+from conveyor.engine.worker.step_inputs import StepInputBuilder, StepInputs
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """Owns the model, the KV pool and the sampler; `execute` runs one step.
+
+    Invariants: the pool has `capacity.num_blocks` blocks of `config.block_size`
+    tokens, and block ids in a SchedulerOutput must be below that. `execute` is
+    synchronous: when it returns, the step's K/V are in the pool and the input
+    buffers may be refilled.
+    """
+
+    def __init__(self, config: RunnerConfig, eos_token_ids: tuple[int, ...] | None = None,
+                 model: LlamaForCausalLM | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model = model or load_model(config.model, dtype=config.torch_dtype,
+                                         device=self.device,
+                                         attention_backend=config.backend_name)
+        self.model_config = self.model.config
+        self.max_model_len = self._resolve_max_model_len()
+        self.backend = self.model.model.layers[0].self_attn.backend
+        self.sampler = Sampler(eos_token_ids if eos_token_ids is not None
+                               else self.model_config.eos_token_ids,
+                               self.model_config.vocab_size, self.device, config.seed)
+        self.inputs = StepInputBuilder(
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+            block_size=config.block_size, device=self.device)
+        self.capacity = self._size_kv_pool()
+        self.kv_caches = allocate_kv_caches(self.model_config, self.capacity.num_blocks,
+                                            config.block_size, config.torch_dtype, self.device)
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step: write the new K/V, sample where a request needs a token."""
+        if output.is_empty:
+            return ModelRunnerOutput()
+        inputs = self.inputs.build(output)
+        logits = self._logits(inputs)
+        if not inputs.sample_requests:
+            return ModelRunnerOutput()
+        sampled = self.sampler.sample(logits, inputs.sample_requests)
+        return ModelRunnerOutput({r.request_id: token for r, token
+                                  in zip(inputs.sample_requests, sampled, strict=True)})
+
+    @torch.inference_mode()
+    def compute_logits(self, output: SchedulerOutput) -> torch.Tensor:
+        """Run one step like `execute` but return the fp32 logits [N, V] of the
+        requests that need a sample (in scheduled order) instead of sampling."""
+        return self._logits(self.inputs.build(output)).float()
+
+    def _logits(self, inputs: StepInputs) -> torch.Tensor:
+        plan = self.backend.plan(inputs.meta)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, plan)
+        return self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
+
+    def _resolve_max_model_len(self) -> int:
+        limit = self.model_config.max_position_embeddings
+        wanted = self.config.max_model_len or limit
+        if wanted > limit:
+            raise ValueError(f"max_model_len={wanted} exceeds the model's "
+                             f"max_position_embeddings={limit}; lower max_model_len")
+        return wanted
+
+    def _size_kv_pool(self) -> kv_sizing.KVCapacity:
+        per_block = kv_bytes_per_block(self.model_config, self.config.block_size,
+                                       self.config.torch_dtype)
+        capacity = kv_sizing.KVCapacity(self._num_blocks(per_block), self.config.block_size,
+                                        self.max_model_len)
+        kv_sizing.check_capacity(capacity, device_is_cuda=self.config.is_cuda)
+        kv_sizing.log_capacity(capacity, per_block)
+        return capacity
+
+    def _num_blocks(self, bytes_per_block: int) -> int:
+        if self.config.num_blocks is not None:
+            return self.config.num_blocks
+        if not self.config.is_cuda:
+            return kv_sizing.num_blocks_for_cpu(self.config.kv_cache_space_gib, bytes_per_block)
+        return self._num_blocks_by_profiling(bytes_per_block)
+
+    def _num_blocks_by_profiling(self, bytes_per_block: int) -> int:
+        """Run the largest step once on a scratch pool and measure the peak."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        step = profiling_step(self.config.max_num_batched_tokens, self.config.max_num_seqs,
+                              self.config.block_size)
+        scratch = allocate_kv_caches(self.model_config, step.num_blocks, self.config.block_size,
+                                     self.config.torch_dtype, self.device)
+        self.kv_caches = scratch
+        self.execute(step.output)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del scratch
+        self.kv_caches = []
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        non_torch = total - free - torch.cuda.memory_reserved(self.device)
+        logger.info("profiling step: peak torch memory %.2f GiB", peak / kv_sizing.GIB)
+        return kv_sizing.num_blocks_for_gpu(
+            total_bytes=total, memory_utilization=self.config.memory_utilization,
+            peak_torch_bytes=peak, non_torch_bytes=max(0, non_torch),
+            bytes_per_block=bytes_per_block)

@@ -1,0 +1,67 @@
+"""How the model runner is set up (the engine's settings map onto this)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_DTYPES = ("float32", "bfloat16")
+GPU_DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(slots=True)
+class RunnerConfig:
+    model: str
+    """An HF folder or a .gguf file (converted once into the cache)."""
+    device: str = "cpu"
+    """"cpu" or a CUDA device such as "cuda" / "cuda:0"."""
+    dtype: str = "float32"
+    """Weights and KV cache: float32 or bfloat16 on CPU; bfloat16 or float16 on GPU."""
+    attention_backend: str | None = None
+    """Backend name (attention/registry.py); None picks triton on CUDA, torch on CPU."""
+    block_size: int = 16
+    """Tokens per KV block; must equal the scheduler's block size."""
+    max_model_len: int | None = None
+    """Longest sequence (prompt + output); None means the model's max_position_embeddings."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step (sizes the input buffers and the profiling pass)."""
+    max_num_seqs: int = 64
+    """Requests in one step."""
+    kv_cache_space_gib: float = 1.0
+    """CPU only: memory given to the KV pool."""
+    memory_utilization: float = 0.9
+    """GPU only: fraction of device memory the engine may use (weights, activations, KV)."""
+    num_blocks: int | None = None
+    """Fixed KV pool size in blocks, overriding both sizing rules (tests, benchmarks)."""
+    seed: int | None = None
+    """Seed of the sampler's shared generator (requests without their own seed)."""
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def is_cuda(self) -> bool:
+        return torch.device(self.device).type == "cuda"
+
+    @property
+    def backend_name(self) -> str:
+        if self.attention_backend:
+            return self.attention_backend
+        return "triton" if self.is_cuda else "torch"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the setting to change."""
+        allowed = GPU_DTYPES if self.is_cuda else CPU_DTYPES
+        if self.dtype not in allowed:
+            raise ValueError(f"dtype {self.dtype!r} is not supported on {self.device}; "
+                             f"choose one of {allowed}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if not 0.0 < self.memory_utilization <= 1.0:
+            raise ValueError(f"memory_utilization must be in (0, 1], "
+                             f"got {self.memory_utilization}")
