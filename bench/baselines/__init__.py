@@ -1,0 +1,1 @@
+"""Baselines measured beside Conveyor in the same run."""

@@ -1,0 +1,81 @@
+"""Benchmark prompts whose token counts are exact under the model's tokenizer.
+
+A prompt is a run of whole-word tokens (" apple", " river", ...): a byte-level BPE
+pre-tokenizer splits text at each leading space, so the text of such a run encodes
+back to exactly the same ids. That lets the benchmark send plain text (which any
+OpenAI-compatible server accepts) and still know each prompt's length to the token.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+WORD_TOKEN = re.compile(r"Ġ[a-z]{3,}")  # "Ġ" is the byte-level BPE mark of a leading space
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRequest:
+    """One request of a workload: what to send and how long it is."""
+
+    prompt: str | list[int]
+    prompt_len: int
+    max_tokens: int
+
+
+class PromptMaker:
+    """Makes prompts of exact token lengths from one tokenizer, reproducibly (seeded)."""
+
+    def __init__(self, tokenizer, seed: int = 0):
+        self.tokenizer = tokenizer
+        self.rng = random.Random(seed)
+        vocab = tokenizer.get_vocab()
+        self.word_ids = sorted(i for w, i in vocab.items() if WORD_TOKEN.fullmatch(w))
+        if not self.word_ids:
+            raise ValueError("the tokenizer has no whole-word tokens to build prompts from")
+
+    def random_ids(self, num_tokens: int) -> list[int]:
+        return [self.rng.choice(self.word_ids) for _ in range(num_tokens)]
+
+    def text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def count(self, text: str) -> int:
+        """Tokens of `text` as the server will count them (no special tokens added)."""
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def prompt(self, ids: list[int], max_tokens: int, as_ids: bool) -> BenchRequest:
+        return BenchRequest(ids if as_ids else self.text(ids), len(ids), max_tokens)
+
+    def random_requests(self, num: int, input_len: int, output_len: int,
+                        range_ratio: float = 0.0, as_ids: bool = False) -> list[BenchRequest]:
+        """`num` random prompts of `input_len` tokens (uniform within +-range_ratio)."""
+        return [self.prompt(self.random_ids(self._length(input_len, range_ratio)),
+                            self._length(output_len, range_ratio), as_ids) for _ in range(num)]
+
+    def fixed_requests(self, num: int, input_len: int, output_len: int,
+                       as_ids: bool = False) -> list[BenchRequest]:
+        """The same prompt `num` times."""
+        ids = self.random_ids(input_len)
+        return [self.prompt(ids, output_len, as_ids) for _ in range(num)]
+
+    def shared_prefix_requests(self, num: int, prefix_len: int, question_len: int,
+                               output_len: int, as_ids: bool = False) -> list[BenchRequest]:
+        """One common system prompt of `prefix_len` tokens + a distinct question each."""
+        prefix = self.random_ids(prefix_len)
+        return [self.prompt(prefix + self.random_ids(question_len), output_len, as_ids)
+                for _ in range(num)]
+
+    def _length(self, mean: int, range_ratio: float) -> int:
+        if range_ratio <= 0:
+            return mean
+        low, high = max(1, int(mean * (1 - range_ratio))), int(mean * (1 + range_ratio))
+        return self.rng.randint(low, max(low, high))
+
+
+def load_prompt_maker(model: str = "smollm2-135m-instruct", seed: int = 0) -> PromptMaker:
+    """A PromptMaker over the tokenizer of `model` (a Conveyor model setting)."""
+    from conveyor.common.models import load_tokenizer, resolve_model
+
+    return PromptMaker(load_tokenizer(resolve_model(model)), seed)
