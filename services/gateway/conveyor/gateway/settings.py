@@ -33,6 +33,9 @@ class GatewaySettings(ServiceSettings):
     retry_after_s: int = Field(
         1, ge=0, description="Retry-After seconds sent with 503 when no engine can take a request."
     )
+    engine_stats_max_age_s: float = Field(
+        0.25, ge=0, description="How long engine loads (Stats) are reused to pick an engine."
+    )
     max_n: int = Field(16, ge=1, description="Largest n (choices per prompt) a request may use.")
 
     @property
