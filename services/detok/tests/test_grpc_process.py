@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -17,7 +18,10 @@ from conveyor.v1 import detok_pb2, detok_pb2_grpc
 
 pytestmark = pytest.mark.slow
 SERVICE = "conveyor.v1.Detokenizer"
-ENV = {"CONVEYOR_DETOK_PORT": "0", "HF_HUB_OFFLINE": "1", "OTEL_TRACES_EXPORTER": "none"}
+NO_TORCH = str(Path(__file__).parent / "no_torch")
+"""On PYTHONPATH, hides torch as the service container does."""
+ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [NO_TORCH, os.environ.get("PYTHONPATH")])),
+       "CONVEYOR_DETOK_PORT": "0", "HF_HUB_OFFLINE": "1", "OTEL_TRACES_EXPORTER": "none"}
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -15,7 +17,10 @@ from conveyor.v1 import tokenizer_pb2_grpc
 
 pytestmark = pytest.mark.slow
 SERVICE = "conveyor.v1.Tokenizer"
-ENV = {"CONVEYOR_TOKENIZER_PORT": "0", "CONVEYOR_TOKENIZER_MAX_MODEL_LEN": "128",
+NO_TORCH = str(Path(__file__).parent / "no_torch")
+"""On PYTHONPATH, hides torch as the service container does."""
+ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [NO_TORCH, os.environ.get("PYTHONPATH")])),
+       "CONVEYOR_TOKENIZER_PORT": "0", "CONVEYOR_TOKENIZER_MAX_MODEL_LEN": "128",
        "HF_HUB_OFFLINE": "1", "OTEL_TRACES_EXPORTER": "none"}
 USER_HI = [pb.ChatMessage(role="user", content="Hi")]
 
