@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from prometheus_client import (
@@ -14,6 +15,8 @@ from prometheus_client import (
 )
 
 from conveyor.gateway.usage_totals import UsageTotals
+
+log = logging.getLogger("conveyor.gateway.requests")
 
 DISCONNECTED_STATUS = 499
 """The status recorded (never sent) for a request whose client went away (nginx's)."""
@@ -68,6 +71,7 @@ class RequestRecord:
         self._metrics = metrics
         self.endpoint = endpoint
         self._started = time.perf_counter()
+        self._usage: UsageTotals | None = None
         self._first_token_seen = False
         self._finished = False
         metrics.in_flight.labels(endpoint).inc()
@@ -79,6 +83,7 @@ class RequestRecord:
                 time.perf_counter() - self._started)
 
     def tokens(self, usage: UsageTotals) -> None:
+        self._usage = usage
         self._metrics.prompt_tokens.inc(usage.prompt_tokens)
         self._metrics.cached_prompt_tokens.inc(usage.cached_tokens)
         self._metrics.completion_tokens.inc(usage.completion_tokens)
@@ -88,9 +93,13 @@ class RequestRecord:
             return
         self._finished = True
         m = self._metrics
+        seconds = time.perf_counter() - self._started
         m.in_flight.labels(self.endpoint).dec()
         m.requests.labels(self.endpoint, str(status)).inc()
-        m.request_seconds.labels(self.endpoint).observe(time.perf_counter() - self._started)
+        m.request_seconds.labels(self.endpoint).observe(seconds)
+        tokens = (f", {self._usage.prompt_tokens} prompt + {self._usage.completion_tokens} "
+                  f"completion tokens" if self._usage else "")
+        log.info("%s -> %d in %.3fs%s", self.endpoint, status, seconds, tokens)
         if status == DISCONNECTED_STATUS:
             m.client_disconnects.labels(self.endpoint).inc()
         elif status == 504:
