@@ -30,7 +30,7 @@ class LlamaAttention(nn.Module):
         self.backend = backend
         self.qkv_proj = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size,
                                   bias=config.attention_bias)
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.o_proj_bias)
 
     def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: torch.Tensor, plan: Any) -> torch.Tensor:

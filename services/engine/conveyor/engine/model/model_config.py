@@ -42,7 +42,9 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False
-    """Bias on q/k/v projections (Qwen2)."""
+    """Bias on q/k/v projections (Qwen2, and Llama configs with attention_bias)."""
+    o_proj_bias: bool = False
+    """Bias on the output projection (Llama's attention_bias; Qwen2 has none)."""
     sliding_window: int | None = None
     """Each token attends to at most this many latest positions (Mistral)."""
     model_type: str = "llama"
@@ -72,6 +74,8 @@ class ModelConfig:
         if num_heads % num_kv_heads:
             raise ValueError(f"num_attention_heads {num_heads} is not a multiple of "
                              f"num_key_value_heads {num_kv_heads}")
+        if raw.get("mlp_bias"):
+            raise ValueError("mlp_bias=true is not supported")
         rope_params = _rope_parameters(raw)
         return cls(
             vocab_size=raw["vocab_size"],
@@ -87,6 +91,7 @@ class ModelConfig:
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
+            o_proj_bias=model_type == "llama" and bool(raw.get("attention_bias", False)),
             sliding_window=_sliding_window(raw, model_type),
             model_type=model_type,
             eos_token_ids=_as_tuple(raw.get("eos_token_id")),
@@ -117,8 +122,11 @@ def _rope_scaling(params: dict[str, Any]) -> RopeScaling:
 
 
 def _sliding_window(raw: dict[str, Any], model_type: str) -> int | None:
-    """Qwen2 configs carry a window but only use it when use_sliding_window is set."""
-    if not raw.get("use_sliding_window", model_type != "qwen2"):
+    """Mistral's window applies to every layer. Qwen2 configs carry a window but use it
+    only with use_sliding_window, and then on some layers only: not supported."""
+    if model_type == "qwen2":
+        if raw.get("use_sliding_window"):
+            raise ValueError("Qwen2 with use_sliding_window=true is not supported")
         return None
     window = raw.get("sliding_window")
     return int(window) if window else None

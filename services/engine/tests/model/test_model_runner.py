@@ -1,0 +1,84 @@
+"""ModelRunner behaviour on the bundled model beyond greedy parity."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conveyor.engine.core.scheduler_output import SchedulerOutput
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.worker.model_runner import ModelRunner
+from conveyor.engine.worker.runner_config import RunnerConfig
+
+pytestmark = pytest.mark.slow
+
+PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 1789]
+
+
+def test_only_sampling_requests_get_tokens(make_runner, make_driver):
+    driver = make_driver(make_runner(), token_budget=6)
+    driver.add("long", PROMPT * 2, 2)
+    step = driver.schedule()
+    assert not step.scheduled[0].needs_sample
+    assert driver.runner.execute(step).sampled == {}
+    assert driver.runner.execute(SchedulerOutput(block_size=16)).sampled == {}
+
+
+def test_block_size_mismatch_is_refused(make_runner, make_driver):
+    driver = make_driver(make_runner(), token_budget=8)
+    driver.add("a", PROMPT, 1)
+    step = driver.schedule()
+    step.block_size = 32
+    with pytest.raises(ValueError, match="block_size"):
+        driver.runner.execute(step)
+
+
+def test_token_budget_over_buffers_is_refused(make_runner, make_driver):
+    driver = make_driver(make_runner(max_num_batched_tokens=4), token_budget=8)
+    driver.add("a", PROMPT, 1)
+    with pytest.raises(ValueError, match="max_num_batched_tokens=4"):
+        driver.runner.execute(driver.schedule())
+
+
+def test_seeded_sampling_is_reproducible_through_the_runner(make_runner, make_driver):
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=42, max_tokens=4)
+    runs = []
+    for budget, mates in ((64, 0), (6, 1)):
+        driver = make_driver(make_runner(seed=budget), token_budget=budget)
+        driver.add("seeded", PROMPT, 4, params)
+        for i in range(mates):
+            driver.add(f"mate{i}", PROMPT[::-1], 4, SamplingParams(temperature=1.0))
+        runs.append(driver.run()["seeded"])
+    assert runs[0] == runs[1]
+
+
+def test_cpu_sizing_from_gib(smollm2_model):
+    runner = ModelRunner(RunnerConfig(model="(preloaded)", kv_cache_space_gib=0.05,
+                                      max_model_len=512), model=smollm2_model)
+    assert runner.capacity.num_blocks == int(0.05 * 2**30) // (45 * 1024 * 16)
+    assert runner.kv_caches[0].shape == (2, runner.capacity.num_blocks, 16, 3, 64)
+    with pytest.raises(ValueError, match="kv_cache_space_gib"):
+        ModelRunner(RunnerConfig(model="(preloaded)", kv_cache_space_gib=0.001,
+                                 max_model_len=8192), model=smollm2_model)
+
+
+def test_bf16_on_cpu_tracks_fp32(smollm2_folder, make_runner, make_driver):
+    from conveyor.engine.model.loader import load_model
+
+    bf16 = ModelRunner(RunnerConfig(model="(preloaded)", dtype="bfloat16", num_blocks=32,
+                                    max_model_len=256, max_num_batched_tokens=64),
+                       model=load_model(smollm2_folder, dtype=torch.bfloat16))
+    assert bf16.kv_caches[0].dtype == torch.bfloat16
+    logits = []
+    for runner in (bf16, make_runner()):
+        driver = make_driver(runner, token_budget=64)
+        driver.add("a", PROMPT, 1)
+        logits.append(runner.compute_logits(driver.schedule())[0])
+    cosine = torch.nn.functional.cosine_similarity(logits[0], logits[1], dim=0)
+    assert cosine > 0.99
+    assert logits[0].argmax() == logits[1].argmax()
+
+
+def test_gpu_dtypes_refused_on_cpu():
+    with pytest.raises(ValueError, match="float16"):
+        RunnerConfig(model="x", dtype="float16").validate()
