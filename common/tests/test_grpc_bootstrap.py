@@ -7,9 +7,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from conveyor.common.grpc_client import is_serving, open_channel
 from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
@@ -28,15 +25,6 @@ class _InfoOnly(tokenizer_pb2_grpc.TokenizerServicer):
     async def Info(self, request, context):
         self.seen_request_ids.append(request_id_var.get())
         return tokenizer_pb2.TokenizerInfo(model="fake", vocab_size=7)
-
-
-@pytest.fixture(scope="module")
-def exporter():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    return exporter
 
 
 @pytest.fixture
@@ -72,8 +60,8 @@ async def test_reflection_lists_the_service(service):
     await channel.close()
 
 
-async def test_server_span_is_child_of_callers_trace_context(service, exporter):
-    exporter.clear()
+async def test_server_span_is_child_of_callers_trace_context(service, span_exporter):
+    span_exporter.clear()
     channel = open_channel(f"127.0.0.1:{service.port}")
     stub = tokenizer_pb2_grpc.TokenizerStub(channel)
     tracer = trace.get_tracer("test")
@@ -81,7 +69,8 @@ async def test_server_span_is_child_of_callers_trace_context(service, exporter):
         request_id_var.set("req-42")
         info = await stub.Info(tokenizer_pb2.TokenizerInfoRequest())
     assert info.model == "fake"
-    server_spans = [s for s in exporter.get_finished_spans() if s.name.endswith("Tokenizer/Info")]
+    spans = span_exporter.get_finished_spans()
+    server_spans = [s for s in spans if s.name.endswith("Tokenizer/Info")]
     assert len(server_spans) == 1
     span = server_spans[0]
     assert span.kind == trace.SpanKind.SERVER

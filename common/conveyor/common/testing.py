@@ -94,3 +94,14 @@ class ServiceProcess:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
+
+
+NO_TORCH_PATH = str(Path(__file__).parent / "no_torch")
+"""Put this folder first on PYTHONPATH to run a service as its torch-free container
+does: its sitecustomize makes `import torch` fail, so transformers never loads it."""
+
+
+def without_torch_env() -> dict[str, str]:
+    """Environment entries that start a service process without torch."""
+    existing = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": NO_TORCH_PATH + (os.pathsep + existing if existing else "")}

@@ -6,21 +6,18 @@ import asyncio
 import os
 import signal
 import time
-from pathlib import Path
 
 import grpc
 import pytest
 
 from conveyor.common.errors import ERROR_REASON_KEY, INVALID_REQUEST
 from conveyor.common.grpc_client import is_serving, open_channel
-from conveyor.common.testing import ServiceProcess
+from conveyor.common.testing import ServiceProcess, without_torch_env
 from conveyor.v1 import detok_pb2, detok_pb2_grpc
 
 pytestmark = pytest.mark.slow
 SERVICE = "conveyor.v1.Detokenizer"
-NO_TORCH = str(Path(__file__).parent / "no_torch")
-"""On PYTHONPATH, hides torch as the service container does."""
-ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [NO_TORCH, os.environ.get("PYTHONPATH")])),
+ENV = {**without_torch_env(),  # run as the torch-free container does
        "CONVEYOR_DETOK_PORT": "0", "HF_HUB_OFFLINE": "1", "OTEL_TRACES_EXPORTER": "none"}
 
 

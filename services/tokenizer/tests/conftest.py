@@ -1,15 +1,11 @@
 """Fixtures of the tokenizer tests: the real SmolLM2 tokenizer, a PromptService
-over it, and an in-memory span exporter."""
+over it."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from conveyor.common.models import load_tokenizer, resolve_model
 from conveyor.tokenizer.chat_renderer import ChatRenderer
@@ -32,15 +28,3 @@ def service(tokenizer):
                             "smollm2-135m-instruct", MAX_MODEL_LEN, num_workers=2)
     yield service
     service.close()
-
-
-@pytest.fixture(scope="session")
-def span_exporter() -> InMemorySpanExporter:
-    """Spans finished in this process (joins a provider another test already installed)."""
-    exporter = InMemorySpanExporter()
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import grpc
 import pytest
 
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, ERROR_REASON_KEY, INVALID_REQUEST
 from conveyor.common.grpc_client import is_serving, open_channel
-from conveyor.common.testing import ServiceProcess
+from conveyor.common.testing import ServiceProcess, without_torch_env
 from conveyor.v1 import tokenizer_pb2 as pb
 from conveyor.v1 import tokenizer_pb2_grpc
 
 pytestmark = pytest.mark.slow
 SERVICE = "conveyor.v1.Tokenizer"
-NO_TORCH = str(Path(__file__).parent / "no_torch")
-"""On PYTHONPATH, hides torch as the service container does."""
-ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [NO_TORCH, os.environ.get("PYTHONPATH")])),
+ENV = {**without_torch_env(),  # run as the torch-free container does
        "CONVEYOR_TOKENIZER_PORT": "0", "CONVEYOR_TOKENIZER_MAX_MODEL_LEN": "128",
        "HF_HUB_OFFLINE": "1", "OTEL_TRACES_EXPORTER": "none"}
 USER_HI = [pb.ChatMessage(role="user", content="Hi")]
