@@ -9,6 +9,8 @@ step is done: TTFT includes the time spent waiting for the previous batch.
     .venv/bin/python -m bench.baselines.hf_static_server --port 8100 --max-batch-size 64
 
 Prints `CONVEYOR_LISTENING port=N` once bound (port 0 picks a free one), like the services.
+Each option's default can also come from the environment (BENCH_HF_PORT, BENCH_HF_MODEL,
+BENCH_HF_MAX_BATCH_SIZE, BENCH_HF_THREADS), so `ServiceProcess` can start it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import queue
 import socket
 import threading
@@ -235,11 +238,14 @@ class Reply:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    env = os.environ.get
+    p.add_argument("--model", default=env("BENCH_HF_MODEL", "smollm2-135m-instruct"))
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--port", type=int, default=int(env("BENCH_HF_PORT", "8100")))
+    p.add_argument("--max-batch-size", type=int,
+                   default=int(env("BENCH_HF_MAX_BATCH_SIZE", "64")))
+    p.add_argument("--threads", type=int, default=int(env("BENCH_HF_THREADS", "0")),
+                   help="torch threads (0 = torch's default)")
     return p.parse_args(argv)
 
 
