@@ -51,6 +51,11 @@ class EngineSettings(ModelSettingsMixin, ServiceSettings):
         default_factory=_default_engine_id,
         description="This engine's id in the registry (default: host-pid).",
     )
+    num_kv_blocks: int | None = Field(
+        None, ge=1, description="Fixed KV pool size in blocks, overriding kv_cache_gib and "
+        "memory_utilization (tests, benchmarks).",
+    )
+    seed: int | None = Field(None, description="Seed of the sampler for requests without one.")
     torch_threads: int = Field(0, ge=0, description="CPU threads for torch (0 = torch's default).")
 
     def resolved_device(self) -> str:

@@ -1,0 +1,86 @@
+"""Builds an EngineCore from EngineSettings: model, KV pool, scheduler (slow: loads weights)."""
+
+from __future__ import annotations
+
+import logging
+
+from conveyor.common.models import resolve_model
+from conveyor.engine.core.config import SchedulerConfig
+from conveyor.engine.core.scheduler import Scheduler
+from conveyor.engine.engine_core import EngineCore
+from conveyor.engine.engine_info import EngineInfo
+from conveyor.engine.settings import EngineSettings
+
+log = logging.getLogger("conveyor.engine")
+
+
+def build_engine_core(settings: EngineSettings) -> EngineCore:
+    """Load the model, size the KV pool and set up the scheduler over it.
+
+    Raises ValueError naming the setting to change (dtype for the device, a KV
+    pool smaller than one max_model_len sequence, ...).
+    """
+    import torch
+
+    from conveyor.engine.worker.model_runner import ModelRunner
+
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    runner = ModelRunner(_runner_config(settings))
+    info = _engine_info(settings, runner)
+    scheduler = Scheduler(_scheduler_config(settings, info), info.eos_token_ids)
+    log.info("engine %s: %s on %s (%s, %s attention), max_model_len %d, KV %d tokens",
+             info.engine_id, info.model, runner.config.device, info.dtype,
+             info.attention_backend, info.max_model_len, info.kv_capacity_tokens)
+    return EngineCore(scheduler, runner, info)
+
+
+def checkpoint_path(model_setting: str) -> str:
+    """What the model runner loads: the GGUF file of a bundled/.gguf model, else the folder."""
+    source = resolve_model(model_setting)
+    return str(source.gguf_path if source.is_gguf else source.hf_dir)
+
+
+def _runner_config(settings: EngineSettings):
+    from conveyor.engine.worker.runner_config import RunnerConfig
+
+    return RunnerConfig(
+        model=checkpoint_path(settings.model),
+        device=settings.resolved_device(),
+        dtype=settings.resolved_dtype(),
+        attention_backend=settings.resolved_attention_backend(),
+        block_size=settings.block_size,
+        max_model_len=settings.max_model_len,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_num_seqs=settings.max_num_seqs,
+        kv_cache_space_gib=settings.kv_cache_gib,
+        memory_utilization=settings.memory_utilization,
+        num_blocks=settings.num_kv_blocks,
+        seed=settings.seed,
+    )
+
+
+def _engine_info(settings: EngineSettings, runner) -> EngineInfo:
+    model_config = runner.model_config
+    return EngineInfo(
+        model=settings.model_name,
+        max_model_len=runner.max_model_len,
+        block_size=settings.block_size,
+        num_blocks=runner.capacity.num_blocks,
+        vocab_size=model_config.vocab_size,
+        attention_backend=runner.config.backend_name,
+        dtype=runner.config.dtype,
+        engine_id=settings.engine_id,
+        eos_token_ids=tuple(model_config.eos_token_ids),
+    )
+
+
+def _scheduler_config(settings: EngineSettings, info: EngineInfo) -> SchedulerConfig:
+    return SchedulerConfig(
+        num_blocks=info.num_blocks,
+        block_size=info.block_size,
+        max_model_len=info.max_model_len,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        enable_prefix_caching=settings.enable_prefix_caching,
+    )

@@ -1,0 +1,110 @@
+"""Shared fixtures of the engine's model-loading tests: the prompts, the HF reference.
+
+The reference is transformers' LlamaForCausalLM loaded (fp32) from the same
+converted folder the engine loads, once per session; its greedy continuations
+are computed once per prompt, unbatched (no padding).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+MODEL = "smollm2-135m-instruct"
+MAX_TOKENS = 16
+TORCH_THREADS = 1
+"""The test machine is small and shared; one thread is much faster than two contended ones."""
+
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are a terse assistant."},
+     {"role": "user", "content": "Name three primary colors."}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help?"},
+     {"role": "user", "content": "Tell me a fun fact about octopuses."}],
+]
+PLAIN = [
+    "The quick brown fox",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the river, there lived",
+]
+COLORS = ["red", "green", "blue", "yellow", "purple", "orange", "black", "white"]
+ANIMALS = ["cat", "dog", "horse", "rabbit", "fox", "owl", "goat", "duck", "bear"]
+
+
+def long_plain_prompt() -> str:
+    lines = [f"Line {i}: the {COLORS[i % 8]} {ANIMALS[i % 9]} walked to the market "
+             f"and bought {i % 7 + 2} apples." for i in range(56)]
+    return "Here is a log of the animals at the market.\n" + "\n".join(lines) + \
+        "\nQuestion: which animal bought apples on line 23? Answer:"
+
+
+@dataclass(frozen=True)
+class PromptCase:
+    name: str
+    token_ids: list[int]
+    chat: list[dict] | None = None
+    text: str | None = None
+
+
+def build_cases(tokenizer) -> list[PromptCase]:
+    cases = []
+    for i, chat in enumerate(CHATS):
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        cases.append(PromptCase(f"chat{i}", ids, chat=chat))
+    for i, text in enumerate([*PLAIN, long_plain_prompt()]):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        cases.append(PromptCase(f"plain{i}", ids, text=text))
+    return cases
+
+
+def truncate_at_eos(tokens: list[int], eos_ids) -> list[int]:
+    for i, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[: i + 1]
+    return tokens
+
+
+@pytest.fixture(scope="session")
+def engine_test_support():
+    import torch
+
+    torch.set_num_threads(TORCH_THREADS)
+    from conveyor.common.models import load_tokenizer, resolve_model
+
+    tokenizer = load_tokenizer(resolve_model(MODEL))
+    return SimpleNamespace(tokenizer=tokenizer, cases=build_cases(tokenizer), model=MODEL,
+                           max_tokens=MAX_TOKENS, torch_threads=TORCH_THREADS)
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(engine_test_support):
+    """name -> transformers' greedy continuation (MAX_TOKENS, cut after EOS)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from conveyor.engine.engine_factory import checkpoint_path
+    from conveyor.engine.model.loader import resolve_checkpoint
+
+    folder = resolve_checkpoint(checkpoint_path(MODEL))
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    eos = _eos_ids(model.generation_config.eos_token_id)
+    expected = {}
+    with torch.inference_mode():
+        for case in engine_test_support.cases:
+            ids = torch.tensor([case.token_ids])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=MAX_TOKENS, pad_token_id=eos[0])
+            expected[case.name] = truncate_at_eos(out[0, ids.shape[1]:].tolist(), eos)
+    del model
+    return expected
+
+
+def _eos_ids(value) -> list[int]:
+    return list(value) if isinstance(value, list | tuple) else [value]
