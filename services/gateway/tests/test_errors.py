@@ -112,8 +112,9 @@ async def test_error_after_the_stream_started_is_an_error_event_then_done(gatewa
     error = json.loads(lines[-2])["error"]
     assert error["code"] == "internal_error" and set(error) == {"message", "type", "param",
                                                                 "code"}
-    assert "".join(json.loads(x)["choices"][0]["delta"].get("content", "")
-                   for x in lines[:-2]) == "He"
+    text = "".join(json.loads(x)["choices"][0]["delta"].get("content", "")
+                   for x in lines[:-2])
+    assert text in ("H", "He")  # what detok answered before the engine failed
 
 
 async def test_unknown_route_is_an_openai_404(gateway):

@@ -14,49 +14,47 @@ from conveyor.gateway.upstream_error import translate_rpc_errors
 from conveyor.v1 import detok_pb2_grpc
 
 SERVICE = "detok"
+_END = object()
 
 
 class DetokStream:
     """An open Detokenize stream: send token ids in, read text replies out.
 
-    The server ends the stream after a stop match or after `finish()`; sending
-    to an ended stream is a no-op that returns False.
+    Messages go out through a queue that gRPC drains (sending never waits on the
+    network). The server ends the stream after a stop match or after `finish()`;
+    sending to an ended stream is a no-op that returns False. `cancel()` always
+    ends the outgoing side too, so no gRPC task is left waiting for messages.
     """
 
-    def __init__(self, call: grpc.aio.StreamStreamCall):
-        self._call = call
+    def __init__(self, stub: detok_pb2_grpc.DetokenizerStub, options: DetokOptions):
+        self._outbox: asyncio.Queue = asyncio.Queue()
+        self._outbox.put_nowait(convert.detok_start(options))
+        self._call = stub.Detokenize(self._outgoing())
 
-    async def start(self, options: DetokOptions) -> None:
-        """Send the stream's options (its first message)."""
-        if not await self._write(convert.detok_start(options)):
-            raise RuntimeError("the detok stream ended before it started")
-
-    async def send_tokens(self, token_ids: list[int]) -> bool:
+    def send_tokens(self, token_ids: list[int]) -> bool:
         """Send new output tokens; False when the server already ended the stream."""
-        return await self._write(convert.detok_tokens(token_ids))
+        if self._call.done():
+            return False
+        self._outbox.put_nowait(convert.detok_tokens(token_ids))
+        return True
 
-    async def finish(self) -> None:
+    def finish(self) -> None:
         """Tell the server the engine finished, so it flushes held-back text."""
-        if await self._write(convert.detok_finish()):
-            await self._call.done_writing()
+        self._outbox.put_nowait(convert.detok_finish())
+        self._outbox.put_nowait(_END)
 
     async def replies(self) -> AsyncIterator[DetokReply]:
         with translate_rpc_errors(SERVICE):
-            while (message := await self._call.read()) is not grpc.aio.EOF:
+            async for message in self._call:
                 yield convert.detok_reply(message)
 
     def cancel(self) -> None:
         self._call.cancel()
+        self._outbox.put_nowait(_END)
 
-    async def _write(self, message) -> bool:
-        if self._call.done():
-            return False
-        try:
-            with translate_rpc_errors(SERVICE):
-                await self._call.write(message)
-        except asyncio.InvalidStateError:
-            return False
-        return True
+    async def _outgoing(self):
+        while (message := await self._outbox.get()) is not _END:
+            yield message
 
 
 class DetokClient:
@@ -67,15 +65,9 @@ class DetokClient:
         self._stub = detok_pb2_grpc.DetokenizerStub(channel)
         self._timeout_s = rpc_timeout_s
 
+    def open(self, options: DetokOptions) -> DetokStream:
+        """Start a stream; its options are its first message."""
+        return DetokStream(self._stub, options)
+
     async def is_serving(self) -> bool:
         return await is_serving(self._channel, timeout_s=self._timeout_s)
-
-    async def open(self, options: DetokOptions) -> DetokStream:
-        """Start a stream and send its options."""
-        stream = DetokStream(self._stub.Detokenize())
-        try:
-            await stream.start(options)
-        except BaseException:
-            stream.cancel()
-            raise
-        return stream

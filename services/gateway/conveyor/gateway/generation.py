@@ -92,7 +92,7 @@ async def generate(
 ) -> AsyncIterator[GenerationDelta]:
     """Run one generation; closing the iterator early cancels the engine and detok streams."""
     progress = _Progress(TokenUsage(prompt_tokens=len(job.prompt_token_ids)))
-    detok_stream = await detok.open(detok_options)
+    detok_stream = detok.open(detok_options)
     engine_stream = engine.generate(job)
     pump = asyncio.create_task(_pump(engine_stream, detok_stream, progress))
     pump.add_done_callback(_retrieve_exception)
@@ -117,12 +117,12 @@ async def _pump(engine_stream: EngineStream, detok_stream: DetokStream, progress
     try:
         async for chunk in engine_stream:
             progress.record(chunk)
-            if chunk.token_ids and not await detok_stream.send_tokens(chunk.token_ids):
+            if chunk.token_ids and not detok_stream.send_tokens(chunk.token_ids):
                 return  # detok ended the stream: a stop string matched
             if chunk.finish_reason is not None:
                 break
         _check_finished(progress.finish_reason)
-        await detok_stream.finish()
+        detok_stream.finish()
     except BaseException:
         detok_stream.cancel()  # wakes the reader, which then raises this error
         raise
