@@ -13,7 +13,8 @@ class TrackedRequest:
 
     `parent_id` / `index` are the caller's request id and the sample index (n > 1
     fans one caller request out into several scheduler requests). Times are
-    `time.monotonic()` seconds; None until the event happened.
+    `time.monotonic()` seconds; None until the event happened. They are where the
+    request's queue / prefill / decode trace spans will be cut from.
     """
 
     request: Request

@@ -1,0 +1,55 @@
+"""Start the engine: load the model, run the engine loop, serve Engine over gRPC until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from conveyor.common.grpc_server import (
+    ServiceRegistration,
+    serve_until_signalled,
+    start_grpc_server,
+)
+from conveyor.common.log import setup_logging
+from conveyor.common.tracing import setup_tracing
+from conveyor.engine.async_engine import AsyncEngine
+from conveyor.engine.engine_factory import build_engine_core
+from conveyor.engine.metrics import EngineMetrics
+from conveyor.engine.servicer import SERVICE_NAME, EngineServicer
+from conveyor.engine.settings import EngineSettings
+from conveyor.v1 import engine_pb2_grpc
+
+log = logging.getLogger("conveyor.engine")
+
+
+def registration(engine: AsyncEngine) -> ServiceRegistration:
+    """The Engine service over a started AsyncEngine, ready for start_grpc_server."""
+    return ServiceRegistration(SERVICE_NAME, engine_pb2_grpc.add_EngineServicer_to_server,
+                               EngineServicer(engine))
+
+
+def start_metrics(settings: EngineSettings, model: str, engine_id: str) -> EngineMetrics:
+    metrics = EngineMetrics(model, engine_id)
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port, settings.host)
+        log.info("Prometheus metrics on http://%s:%d/metrics", settings.host,
+                 settings.metrics_port)
+    return metrics
+
+
+async def serve(settings: EngineSettings) -> None:
+    """Run the service until SIGTERM or SIGINT, drain in-flight streams, stop the loop."""
+    setup_logging("engine", settings.log_level, settings.log_json)
+    setup_tracing("conveyor-engine")
+    core = await asyncio.to_thread(build_engine_core, settings)
+    metrics = start_metrics(settings, core.info.model, core.info.engine_id)
+    engine = AsyncEngine(core, metrics).start()
+
+    async def stop_engine() -> None:
+        await asyncio.to_thread(engine.shutdown)
+
+    try:
+        service = await start_grpc_server(settings, [registration(engine)])
+        await serve_until_signalled(service, settings, on_drained=stop_engine)
+    finally:
+        engine.shutdown()
