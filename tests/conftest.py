@@ -40,14 +40,19 @@ class Stack:
 
     def gateway_env(self, **overrides: str) -> dict[str, str]:
         """The gateway's environment for this stack (overrides win)."""
-        return {
-            "CONVEYOR_GATEWAY_PORT": "0",
-            "CONVEYOR_GATEWAY_TOKENIZER_ADDRESS": self.tokenizer.address,
-            "CONVEYOR_GATEWAY_ENGINE_ADDRESSES": self.engine.address,
-            "CONVEYOR_GATEWAY_DETOK_ADDRESS": self.detok.address,
-            "CONVEYOR_GATEWAY_REQUEST_TIMEOUT_S": "120",
-            **overrides,
-        }
+        return gateway_env(self.tokenizer, self.engine, self.detok, **overrides)
+
+
+def gateway_env(tokenizer: ServiceProcess, engine: ServiceProcess, detok: ServiceProcess,
+                **overrides: str) -> dict[str, str]:
+    return {
+        "CONVEYOR_GATEWAY_PORT": "0",
+        "CONVEYOR_GATEWAY_TOKENIZER_ADDRESS": tokenizer.address,
+        "CONVEYOR_GATEWAY_ENGINE_ADDRESSES": engine.address,
+        "CONVEYOR_GATEWAY_DETOK_ADDRESS": detok.address,
+        "CONVEYOR_GATEWAY_REQUEST_TIMEOUT_S": "120",
+        **overrides,
+    }
 
 
 def _require_redis() -> None:
@@ -67,14 +72,12 @@ def _require_services() -> None:
 
 
 def _model_services(log_dir: Path) -> list[ServiceProcess]:
-    common = {"MODEL": MODEL, "MAX_MODEL_LEN": str(MAX_MODEL_LEN), "PORT": "0"}
-    extra = {"ENGINE": {"REDIS_URL": REDIS_URL}}
+    settings = {"MODEL": MODEL, "MAX_MODEL_LEN": str(MAX_MODEL_LEN), "PORT": "0"}
     return [
         ServiceProcess(
             f"conveyor.{name}", name=name, log_path=log_dir / f"{name}.log",
             env={"HF_HUB_OFFLINE": "1",
-                 **{f"CONVEYOR_{name.upper()}_{k}": v
-                    for k, v in {**common, **extra.get(name.upper(), {})}.items()}},
+                 **{f"CONVEYOR_{name.upper()}_{k}": v for k, v in settings.items()}},
         )
         for name in ("tokenizer", "engine", "detok")
     ]
@@ -100,8 +103,7 @@ def stack(log_dir) -> Stack:
         with ThreadPoolExecutor(len(processes)) as pool:
             list(pool.map(lambda p: p.start(timeout_s=600), processes))
         tokenizer, engine, detok = processes
-        partial = Stack(tokenizer, engine, detok, gateway=None)
-        gateway = start_gateway(partial.gateway_env(), log_dir)
+        gateway = start_gateway(gateway_env(tokenizer, engine, detok), log_dir)
     except BaseException:
         for process in processes:
             process.stop()
