@@ -70,7 +70,7 @@ def _engine_info(settings: EngineSettings, runner) -> EngineInfo:
         vocab_size=model_config.vocab_size,
         attention_backend=runner.config.backend_name,
         dtype=runner.config.dtype,
-        engine_id=settings.engine_id,
+        engine_id=settings.resolved_engine_id(),
         eos_token_ids=tuple(model_config.eos_token_ids),
     )
 

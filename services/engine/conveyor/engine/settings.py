@@ -47,16 +47,16 @@ class EngineSettings(ModelSettingsMixin, ServiceSettings):
     device: str = Field("auto", description="Device: auto (cuda when available), cpu, cuda.")
     enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prefixes.")
     metrics_port: int = Field(0, ge=0, description="Prometheus /metrics HTTP port (0 = off).")
-    engine_id: str = Field(
-        default_factory=_default_engine_id,
-        description="This engine's id in the registry (default: host-pid).",
-    )
+    engine_id: str = Field("", description="This engine's id in the registry (empty: host-pid).")
     num_kv_blocks: int | None = Field(
         None, ge=1, description="Fixed KV pool size in blocks, overriding kv_cache_gib and "
         "memory_utilization (tests, benchmarks).",
     )
     seed: int | None = Field(None, description="Seed of the sampler for requests without one.")
     torch_threads: int = Field(0, ge=0, description="CPU threads for torch (0 = torch's default).")
+
+    def resolved_engine_id(self) -> str:
+        return self.engine_id or _default_engine_id()
 
     def resolved_device(self) -> str:
         """`device` with auto resolved; raises naming the setting when it is unknown."""
