@@ -28,6 +28,7 @@ from conveyor.gateway.engine_records import GenerateJob
 from conveyor.gateway.errors import APIError, to_api_error, unavailable
 from conveyor.gateway.generation import generate
 from conveyor.gateway.metrics import DISCONNECTED_STATUS, RequestRecord
+from conveyor.gateway.model_catalog import ServedModel
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.request_mapping import (
     GenerationBody,
@@ -104,7 +105,29 @@ def error_response(error: APIError, headers: dict[str, str] | None = None) -> JS
                         headers={**error.headers, **(headers or {})})
 
 
+@dataclass(slots=True)
+class _Admitted:
+    """A request that passed every check: its prompts, token budgets and admission."""
+
+    model: ServedModel
+    caller: Caller
+    prompts: list[PromptTokens]
+    max_tokens: list[int]
+    admission: Admission
+
+
 async def _respond(current: _Request, request: Request) -> Response:
+    admitted = await _admit(current, request)
+    try:
+        engine = await current.pipeline.picker.pick()
+    except BaseException:
+        await admitted.admission.settle(None)
+        raise
+    return await _generate(current, admitted, engine)
+
+
+async def _admit(current: _Request, request: Request) -> _Admitted:
+    """Model, limits, caller, tokenized prompts and the quota admission."""
     pipeline, body = current.pipeline, current.body
     if pipeline.draining:
         raise unavailable("the gateway is shutting down", pipeline.settings.retry_after_s)
@@ -116,40 +139,45 @@ async def _respond(current: _Request, request: Request) -> Response:
                   for p in prompts]
     admission = await pipeline.admitter.admit(
         caller, sum(p.num_tokens for p in prompts), sum(max_tokens) * body.n)
-    engine = await pipeline.picker.pick()
-    choices = _start_choices(current, engine, caller, prompts, max_tokens)
-    fmt = current.kind.format(current.request_id, model.name, num_top_logprobs(body))
-    usage = UsageTotals([p.num_tokens for p in prompts], body.n)
+    return _Admitted(model, caller, prompts, max_tokens, admission)
+
+
+async def _generate(current: _Request, admitted: _Admitted, engine: EngineClient) -> Response:
+    """Start every choice, wait for the first output, then stream or collect."""
+    pipeline, body = current.pipeline, current.body
+    choices = _start_choices(current, engine, admitted)
+    fmt = current.kind.format(current.request_id, admitted.model.name, num_top_logprobs(body))
+    usage = UsageTotals([p.num_tokens for p in admitted.prompts], body.n)
+    close = partial(_close, current, choices, admitted.admission, usage)
     try:
         deltas = await started(aiter(choices))
         current.record.first_token()
         if body.stream:
             payloads = stream_payloads(deltas, fmt, len(choices), usage, pipeline.token_texts,
                                        body.include_usage)
-            on_close = partial(_close, current, choices, admission, usage)
-            return EventStreamResponse(payloads, current.deadline, current.error_of, on_close,
+            return EventStreamResponse(payloads, current.deadline, current.error_of, close,
                                        current.headers)
         response = await collect_response(deltas, fmt, len(choices), usage, pipeline.token_texts)
     except BaseException:
         await choices.close()
-        await admission.settle(None)
+        await admitted.admission.settle(None)
         raise
-    await _close(current, choices, admission, usage, 200)
+    await close(200)
     return JSONResponse(response, headers=current.headers)
 
 
-def _start_choices(current: _Request, engine: EngineClient, caller: Caller,
-                   prompts: list[PromptTokens], max_tokens: list[int]) -> ChoiceStreams:
+def _start_choices(current: _Request, engine: EngineClient,
+                   admitted: _Admitted) -> ChoiceStreams:
     """One generation per (prompt, sample); choice index = prompt index * n + sample."""
     body, pipeline = current.body, current.pipeline
     generations = []
-    for prompt_index, (prompt, prompt_max_tokens) in enumerate(zip(prompts, max_tokens,
-                                                                  strict=True)):
+    budgets = zip(admitted.prompts, admitted.max_tokens, strict=True)
+    for prompt_index, (prompt, prompt_max_tokens) in enumerate(budgets):
         for sample in range(body.n):
             choice_id = f"{current.request_id}-{prompt_index * body.n + sample}"
             job = GenerateJob(choice_id, prompt.token_ids,
                               sampling_options(body, prompt_max_tokens, sample),
-                              body.priority, caller.cache_salt)
+                              body.priority, admitted.caller.cache_salt)
             generations.append(generate(engine, pipeline.detok, job,
                                         detok_options(body, choice_id, prompt)))
     return ChoiceStreams(generations)
