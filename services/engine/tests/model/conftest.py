@@ -24,6 +24,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_MODEL = "smollm2-135m-instruct"
 
 
 def bundled_gguf_path() -> Path:
@@ -46,9 +47,10 @@ def _cpu_threads():
 @pytest.fixture(scope="session")
 def smollm2_folder() -> Path:
     """The bundled GGUF converted to an HF safetensors folder (cached across runs)."""
-    from conveyor.engine.model.gguf_convert import convert_gguf
+    from conveyor.engine.model.loader import resolve_checkpoint
 
-    return convert_gguf(bundled_gguf_path())
+    bundled_gguf_path()  # skips when the package is missing
+    return resolve_checkpoint(BUNDLED_MODEL)
 
 
 @pytest.fixture

@@ -82,3 +82,21 @@ def test_bf16_on_cpu_tracks_fp32(smollm2_folder, make_runner, make_driver):
 def test_gpu_dtypes_refused_on_cpu():
     with pytest.raises(ValueError, match="float16"):
         RunnerConfig(model="x", dtype="float16").validate()
+
+
+def test_converted_gguf_folder_is_plain_hf(smollm2_folder):
+    import json
+
+    from safetensors import safe_open
+
+    from conveyor.engine.model.gguf_convert import is_converted
+    from conveyor.engine.model.loader import resolve_checkpoint
+
+    assert is_converted(smollm2_folder)
+    assert resolve_checkpoint(str(smollm2_folder)) == smollm2_folder
+    config = json.loads((smollm2_folder / "config.json").read_text())
+    assert "quantization_config" not in config and config["tie_word_embeddings"]
+    with safe_open(str(smollm2_folder / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+    assert (smollm2_folder / "tokenizer_config.json").is_file()

@@ -1,74 +1,54 @@
 """One-time conversion of a GGUF checkpoint into an HF safetensors folder.
 
-transformers dequantizes a GGUF on load (slow: ~15-20 s for SmolLM2-135M, fp32)
-and refuses `save_pretrained` on it, so we write the state dict, config and
-tokenizer ourselves into a cache folder and load that folder from then on.
+transformers dequantizes a GGUF on load (slow: ~15-20 s for SmolLM2-135M, fp32;
+it also un-permutes q/k) and refuses `save_pretrained` on it, so we write the
+state dict, config and tokenizer ourselves into the model's cache folder
+(`conveyor.common.models`: CONVEYOR_CACHE_DIR, default ~/.cache/conveyor/models/<key>/)
+and load that folder from then on.
 
-Invariant: a folder returned by `convert_gguf` is complete. It is written to a
-temporary sibling and renamed into place, so a concurrent process either sees
-no folder (and converts too; the loser of the rename race discards its copy)
-or a whole one.
+Invariant: once `model.safetensors` is in the folder, the folder is complete.
+Files are staged in a temporary folder and renamed into place one by one
+(config and tokenizer first, the weights last), so a concurrent process sees
+either no weights (and converts too; the last rename wins with identical
+content) or a whole folder.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from conveyor.common.models import staging_dir
 
 logger = logging.getLogger(__name__)
 
-CACHE_DIR_ENV = "CONVEYOR_CACHE_DIR"
-COMPLETE_MARKER = "model.safetensors"
+WEIGHTS_FILE = "model.safetensors"
 
 
-def cache_root() -> Path:
-    """Where converted models live: $CONVEYOR_CACHE_DIR/models, else ~/.cache/conveyor/models."""
-    base = os.environ.get(CACHE_DIR_ENV)
-    root = Path(base) if base else Path.home() / ".cache" / "conveyor"
-    return root / "models"
+def is_converted(folder: Path) -> bool:
+    return (folder / WEIGHTS_FILE).is_file() and (folder / "config.json").is_file()
 
 
-def converted_dir(gguf_path: str | os.PathLike[str], cache_dir: Path | None = None) -> Path:
-    """The folder a GGUF converts into (named after the file's stem)."""
-    return (cache_dir or cache_root()) / Path(gguf_path).stem
-
-
-def convert_gguf(gguf_path: str | os.PathLike[str], cache_dir: Path | None = None) -> Path:
-    """Return an HF folder (config.json, model.safetensors, tokenizer) for `gguf_path`.
-
-    Converts on the first call and reuses the folder afterwards.
-    """
+def convert_gguf(gguf_path: str | Path, target: Path) -> Path:
+    """Make `target` an HF folder (config.json, model.safetensors, tokenizer) for
+    `gguf_path`, converting on the first call only; returns `target`."""
     gguf_path = Path(gguf_path).resolve()
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
-    target = converted_dir(gguf_path, cache_dir)
-    if (target / COMPLETE_MARKER).is_file():
+    if is_converted(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    logger.info("converting %s into %s (one time)", gguf_path.name, target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        _write_hf_folder(gguf_path, tmp)
-        _publish(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def _write_hf_folder(gguf_path: Path, out: Path) -> None:
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    logger.info("converting %s into %s (one time)", gguf_path.name, target)
     folder, name = str(gguf_path.parent), gguf_path.name
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
-    state = _unshared_state_dict(model)
-    save_file(state, str(out / COMPLETE_MARKER), metadata={"format": "pt"})
-    _write_config(model.config, out / "config.json")
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(str(out))
+    with staging_dir(target) as staging:
+        _write_config(model.config, Path(staging) / "config.json")
+        AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(staging)
+    with staging_dir(target) as staging:
+        _write_weights(model, Path(staging) / WEIGHTS_FILE)
+    return target
 
 
 def _write_config(config, path: Path) -> None:
@@ -78,21 +58,13 @@ def _write_config(config, path: Path) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _unshared_state_dict(model) -> dict:
-    """The state dict without aliases (safetensors refuses shared storage).
+def _write_weights(model, path: Path) -> None:
+    """The state dict without aliases (safetensors refuses shared storage):
+    with tied embeddings lm_head.weight is the embedding matrix, so it is dropped."""
+    from safetensors.torch import save_file
 
-    With tied embeddings lm_head.weight is the embedding matrix; drop it.
-    """
     state = model.state_dict()
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
-    return {k: v.detach().contiguous() for k, v in state.items()}
-
-
-def _publish(tmp: Path, target: Path) -> None:
-    try:
-        os.rename(tmp, target)
-    except OSError:
-        # Another process published first (target exists and is non-empty).
-        if not (target / COMPLETE_MARKER).is_file():
-            raise
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(path),
+              metadata={"format": "pt"})

@@ -6,23 +6,22 @@ from pathlib import Path
 
 import torch
 
+from conveyor.common.models import resolve_model
 from conveyor.engine.attention import AttentionSpec, create_backend
+from conveyor.engine.model.gguf_convert import convert_gguf
 from conveyor.engine.model.llama import LlamaForCausalLM
 from conveyor.engine.model.model_config import ModelConfig
 from conveyor.engine.model.rotary_embedding import RotaryEmbedding
 from conveyor.engine.model.weight_loader import load_weights
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """An HF folder for `path`: the folder itself, or a .gguf converted once (cached)."""
-    path = Path(path).expanduser()
-    if path.suffix == ".gguf":
-        from conveyor.engine.model.gguf_convert import convert_gguf
-
-        return convert_gguf(path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is neither a .gguf file nor a folder with config.json")
-    return path
+def resolve_checkpoint(model: str | Path) -> Path:
+    """An HF folder for a model setting (bundled name, .gguf path or HF folder; see
+    conveyor.common.models): the folder itself, or the GGUF converted once (cached)."""
+    source = resolve_model(str(model))
+    if source.is_gguf:
+        return convert_gguf(source.gguf_path, source.hf_dir)
+    return source.hf_dir
 
 
 def attention_spec(config: ModelConfig) -> AttentionSpec:
@@ -34,7 +33,8 @@ def attention_spec(config: ModelConfig) -> AttentionSpec:
 def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu",
                attention_backend: str = "torch") -> LlamaForCausalLM:
-    """Weights of `path` in `dtype` on `device`, in eval mode, attention by backend name.
+    """Weights of `path` (any model setting) in `dtype` on `device`, in eval mode,
+    attention by backend name.
 
     The model is built on the meta device and materialized once, so no time or
     memory goes to random initialization.
