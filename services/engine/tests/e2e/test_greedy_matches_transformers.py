@@ -126,3 +126,30 @@ def test_after_a_preemption(engine_test_support, hf_greedy):
     finally:
         del llm
         gc.collect()
+
+
+def test_parallel_samples_logprobs_and_usage(llm):
+    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=4, logprobs=True,
+                            top_logprobs=2, ignore_eos=True)
+    prompt = "Write one word about spring: " * 4
+    [first] = llm.generate(prompt, params)
+    [again] = llm.generate(prompt, params)
+    assert [o.index for o in first.outputs] == [0, 1, 2]
+    assert [o.token_ids for o in first.outputs] == [o.token_ids for o in again.outputs]
+    for completion in first.outputs:
+        assert len(completion.token_ids) == 4 and completion.finish_reason == "length"
+        assert len(completion.logprobs) == 4
+        assert all(token in position for token, position
+                   in zip(completion.token_ids, completion.logprobs, strict=True))
+        assert completion.cumulative_logprob < 0
+    assert first.usage.completion_tokens == 12
+    assert first.usage.prompt_tokens == len(first.prompt_token_ids)
+    assert again.num_cached_tokens > 0
+
+
+def test_bad_prompts_are_refused_before_anything_runs(llm):
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate([[1] * 2040], SamplingParams(max_tokens=16))
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([{"prompt_token_ids": []}])
+    assert not llm.core.has_unfinished_requests
