@@ -60,9 +60,16 @@ def test_kv_pool_layout():
 
 
 def test_profiling_step_fills_the_budget():
-    step = profiling_step(max_num_batched_tokens=100, max_num_seqs=8, block_size=16)
+    step = profiling_step(max_num_batched_tokens=100, max_num_seqs=8, block_size=16,
+                          max_model_len=64)
     assert step.output.num_batched_tokens == 100
     assert len(step.output.scheduled) == 8
     used = {b for r in step.output.scheduled for b in r.block_table}
     assert used == set(range(step.num_blocks))
     assert all(r.needs_sample for r in step.output.scheduled)
+
+
+def test_profiling_step_respects_max_model_len():
+    step = profiling_step(max_num_batched_tokens=2048, max_num_seqs=2, block_size=16,
+                          max_model_len=100)
+    assert [len(r.token_ids) for r in step.output.scheduled] == [100, 100]

@@ -40,6 +40,13 @@ def test_token_budget_over_buffers_is_refused(make_runner, make_driver):
         driver.runner.execute(driver.schedule())
 
 
+def test_sequence_past_max_model_len_is_refused(make_runner, make_driver):
+    driver = make_driver(make_runner(max_model_len=32, block_size=4), token_budget=64)
+    driver.add("a", PROMPT * 5, 1)
+    with pytest.raises(ValueError, match="max_model_len=32"):
+        driver.runner.execute(driver.schedule())
+
+
 def test_seeded_sampling_is_reproducible_through_the_runner(make_runner, make_driver):
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=42, max_tokens=4)
     runs = []

@@ -68,3 +68,4 @@ def _write_weights(model, path: Path) -> None:
         state.pop("lm_head.weight", None)
     save_file({k: v.detach().contiguous() for k, v in state.items()}, str(path),
               metadata={"format": "pt"})
+    path.chmod(0o644)  # staged files are private; the cache is shared by the services

@@ -103,7 +103,7 @@ class ModelRunner:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         step = profiling_step(self.config.max_num_batched_tokens, self.config.max_num_seqs,
-                              self.config.block_size)
+                              self.config.block_size, self.max_model_len)
         scratch = allocate_kv_caches(self.model_config, step.num_blocks, self.config.block_size,
                                      self.config.torch_dtype, self.device)
         self.kv_caches = scratch

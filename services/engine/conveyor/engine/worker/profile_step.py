@@ -16,15 +16,17 @@ class ProfilingStep:
     """Blocks the step's requests use (ids 0 .. num_blocks - 1)."""
 
 
-def profiling_step(max_num_batched_tokens: int, max_num_seqs: int,
-                   block_size: int) -> ProfilingStep:
-    """max_num_batched_tokens prompt tokens spread over max_num_seqs requests (the
-    first takes the remainder), every request sampling with top_p and top_k on, so
-    the sampler's sort over [max_num_seqs, vocab] is counted too."""
+def profiling_step(max_num_batched_tokens: int, max_num_seqs: int, block_size: int,
+                   max_model_len: int) -> ProfilingStep:
+    """max_num_batched_tokens prompt tokens (at most max_model_len per request)
+    spread over max_num_seqs requests (the first takes the remainder), every request
+    sampling with top_p and top_k on, so the sampler's sort over [max_num_seqs,
+    vocab] is counted too."""
     num_seqs = min(max_num_seqs, max_num_batched_tokens)
-    share = max_num_batched_tokens // num_seqs
+    num_tokens = min(max_num_batched_tokens, num_seqs * max_model_len)
+    share = num_tokens // num_seqs
     lengths = [share] * num_seqs
-    lengths[0] += max_num_batched_tokens - share * num_seqs
+    lengths[0] += num_tokens - share * num_seqs
     params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=1)
     scheduled, next_block = [], 0
     for i, length in enumerate(lengths):

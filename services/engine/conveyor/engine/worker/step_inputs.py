@@ -78,6 +78,9 @@ class StepInputBuilder:
         self._fill_tokens(requests, num_tokens)
         max_seq_len = int((computed + query_lens).max())
         width = math.ceil(max_seq_len / self.block_size)
+        if width > self.max_blocks_per_seq:
+            raise ValueError(f"a sequence of {max_seq_len} tokens exceeds max_model_len="
+                             f"{self.max_blocks_per_seq * self.block_size}")
         self._fill_block_tables(requests, width)
         sampled = [i for i, r in enumerate(requests) if r.needs_sample]
         self._sample_indices.np[:len(sampled)] = starts[1:][sampled] - 1
