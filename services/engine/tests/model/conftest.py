@@ -53,6 +53,12 @@ def smollm2_folder() -> Path:
     return resolve_checkpoint(BUNDLED_MODEL)
 
 
+@pytest.fixture(scope="session")
+def triton_device() -> str:
+    """Where the Triton kernels run: CUDA when present, else CPU under the interpreter."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 @pytest.fixture
 def make_random_step():
     """A factory of random paged-attention steps (see random_step)."""
@@ -67,6 +73,15 @@ class RandomStep:
     key: torch.Tensor
     value: torch.Tensor
     kv_cache: torch.Tensor
+
+    def to(self, device: str) -> RandomStep:
+        m = self.meta
+        meta = AttentionMetadata(
+            *(t.to(device) for t in (m.slot_mapping, m.positions, m.token_request,
+                                     m.query_start_loc, m.seq_lens, m.block_tables)),
+            block_size=m.block_size, max_query_len=m.max_query_len, max_seq_len=m.max_seq_len)
+        return RandomStep(self.spec, meta, self.query.to(device), self.key.to(device),
+                          self.value.to(device), self.kv_cache.to(device))
 
 
 def random_step(*, block_size: int, num_kv_heads: int, group: int, head_dim: int,

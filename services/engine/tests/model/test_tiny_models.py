@@ -76,7 +76,9 @@ def test_greedy_generation_matches_transformers(tiny, backend, make_driver):
     from conveyor.engine.worker.runner_config import RunnerConfig
 
     _, folder, hf = tiny
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
     runner = ModelRunner(RunnerConfig(model=str(folder), attention_backend=backend,
+                                      device=device,
                                       block_size=4, num_blocks=64, max_model_len=64,
                                       max_num_batched_tokens=32, max_num_seqs=4))
     prompts = {"a": [5, 17, 33, 2, 9, 60, 61, 62, 1, 3, 4, 90, 11, 12, 13, 14, 15, 16, 20, 21],

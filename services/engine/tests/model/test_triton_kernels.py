@@ -41,21 +41,23 @@ def test_triton_matches_torch(make_random_step, block_size, kv_heads, group, hea
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_triton_sliding_window_matches_torch(make_random_step):
+def test_triton_sliding_window_matches_torch(make_random_step, triton_device):
     step = make_random_step(block_size=4, num_kv_heads=1, group=2, head_dim=8,
-                       seqs=[(10, 3), (2, 1)], sliding_window=5)
+                            seqs=[(10, 3), (2, 1)], sliding_window=5)
     expected = _run("torch", step, step.kv_cache.clone())
-    actual = _run("triton", step, step.kv_cache.clone())
-    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    on_device = step.to(triton_device)
+    actual = _run("triton", on_device, on_device.kv_cache)
+    torch.testing.assert_close(actual.cpu(), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_store_kv_writes_only_mapped_slots(make_random_step):
+def test_store_kv_writes_only_mapped_slots(make_random_step, triton_device):
     from conveyor.engine.attention.triton_backend import store_kv
 
     step = make_random_step(block_size=4, num_kv_heads=2, group=1, head_dim=8,
                             seqs=[(3, 4), (0, 2)])
-    cache = step.kv_cache.clone()
-    store_kv(step.key, step.value, cache, step.meta.slot_mapping)
+    on_device = step.to(triton_device)
+    store_kv(on_device.key, on_device.value, on_device.kv_cache, on_device.meta.slot_mapping)
+    cache = on_device.kv_cache.cpu()
     flat_k = cache[0].view(-1, 2, 8)
     flat_v = cache[1].view(-1, 2, 8)
     torch.testing.assert_close(flat_k[step.meta.slot_mapping], step.key, rtol=0, atol=0)
