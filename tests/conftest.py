@@ -71,16 +71,17 @@ def _require_services() -> None:
         pytest.skip(f"not built yet: {', '.join(missing)}")
 
 
-def _model_services(log_dir: Path) -> list[ServiceProcess]:
+def _model_service(service: str, log_dir: Path, name: str | None = None) -> ServiceProcess:
     settings = {"MODEL": MODEL, "MAX_MODEL_LEN": str(MAX_MODEL_LEN), "PORT": "0"}
-    return [
-        ServiceProcess(
-            f"conveyor.{name}", name=name, log_path=log_dir / f"{name}.log",
-            env={"HF_HUB_OFFLINE": "1",
-                 **{f"CONVEYOR_{name.upper()}_{k}": v for k, v in settings.items()}},
-        )
-        for name in ("tokenizer", "engine", "detok")
-    ]
+    return ServiceProcess(
+        f"conveyor.{service}", name=name or service, log_path=log_dir / f"{name or service}.log",
+        env={"HF_HUB_OFFLINE": "1",
+             **{f"CONVEYOR_{service.upper()}_{k}": v for k, v in settings.items()}},
+    )
+
+
+def _model_services(log_dir: Path) -> list[ServiceProcess]:
+    return [_model_service(name, log_dir) for name in ("tokenizer", "engine", "detok")]
 
 
 def start_gateway(env: dict[str, str], log_dir: Path, name: str = "gateway") -> ServiceProcess:
@@ -173,3 +174,11 @@ def extra_gateway(stack, log_dir):
     yield start
     for process in started:
         process.stop()
+
+
+@pytest.fixture
+def spare_detok(stack, log_dir):
+    """A detok process of this test's own (to kill mid-request)."""
+    process = _model_service("detok", log_dir, name="detok-spare").start(timeout_s=120)
+    yield process
+    process.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -81,3 +83,25 @@ def test_health_ok_and_tokenize_round_trip(http):
     assert tokens["count"] == len(tokens["tokens"]) > 0
     text = http.post("/detokenize", json={"model": MODEL, "tokens": tokens["tokens"]}).json()
     assert text["prompt"].endswith("Hello world")
+
+
+async def test_a_failure_after_the_stream_started_is_an_error_event_then_done(
+        spare_detok, extra_gateway, idle_engine):
+    gateway = extra_gateway(CONVEYOR_GATEWAY_DETOK_ADDRESS=spare_detok.address)
+    body = {**CHAT, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    lines = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.port}",
+                                 timeout=60) as client, \
+            client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                lines.append(line[len("data: "):])
+                if len(lines) == 3:
+                    spare_detok.kill()
+    assert lines[-1] == "[DONE]"
+    error = json.loads(lines[-2])["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "service_unavailable" and "detok" in error["message"]
+    stats = await idle_engine(1.0)  # the engine stream was cancelled with it
+    assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks
