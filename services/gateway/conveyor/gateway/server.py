@@ -45,6 +45,6 @@ def main() -> None:
     app = create_app(settings)
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-        timeout_graceful_shutdown=int(settings.drain_timeout_s) or None, lifespan="on",
+        timeout_graceful_shutdown=settings.drain_timeout_s, lifespan="on",
     )
     GatewayServer(config, app).run()
