@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-from conveyor.common.models import resolve_model
 from conveyor.engine.core.config import SchedulerConfig
 from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.engine_core import EngineCore
@@ -35,17 +34,11 @@ def build_engine_core(settings: EngineSettings) -> EngineCore:
     return EngineCore(scheduler, runner, info)
 
 
-def checkpoint_path(model_setting: str) -> str:
-    """What the model runner loads: the GGUF file of a bundled/.gguf model, else the folder."""
-    source = resolve_model(model_setting)
-    return str(source.gguf_path if source.is_gguf else source.hf_dir)
-
-
 def _runner_config(settings: EngineSettings):
     from conveyor.engine.worker.runner_config import RunnerConfig
 
     return RunnerConfig(
-        model=checkpoint_path(settings.model),
+        model=settings.model,
         device=settings.resolved_device(),
         dtype=settings.resolved_dtype(),
         attention_backend=settings.resolved_attention_backend(),

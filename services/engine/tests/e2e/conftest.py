@@ -89,10 +89,9 @@ def hf_greedy(engine_test_support):
     import torch
     from transformers import LlamaForCausalLM
 
-    from conveyor.engine.engine_factory import checkpoint_path
     from conveyor.engine.model.loader import resolve_checkpoint
 
-    folder = resolve_checkpoint(checkpoint_path(MODEL))
+    folder = resolve_checkpoint(MODEL)
     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     eos = _eos_ids(model.generation_config.eos_token_id)
     expected = {}
