@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from conveyor.engine.core.config import SchedulerConfig
 from conveyor.engine.core.scheduler import Scheduler
@@ -25,13 +26,31 @@ def build_engine_core(settings: EngineSettings) -> EngineCore:
 
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    runner = ModelRunner(_runner_config(settings))
+    try:
+        runner = ModelRunner(_runner_config(settings))
+    except ValueError as exc:
+        raise ValueError(_in_setting_names(str(exc))) from exc
     info = _engine_info(settings, runner)
     scheduler = Scheduler(_scheduler_config(settings, info), info.eos_token_ids)
     log.info("engine %s: %s on %s (%s, %s attention), max_model_len %d, KV %d tokens",
              info.engine_id, info.model, runner.config.device, info.dtype,
              info.attention_backend, info.max_model_len, info.kv_capacity_tokens)
     return EngineCore(scheduler, runner, info)
+
+
+_RUNNER_NAMES = {"kv_cache_space_gib": "kv_cache_gib"}
+"""RunnerConfig fields whose EngineSettings name differs."""
+
+
+_ADVICE = re.compile(r"\b(raise|lower|increase|decrease|change) "
+                     r"(kv_cache_gib|memory_utilization|max_model_len|dtype|block_size)\b")
+
+
+def _in_setting_names(message: str) -> str:
+    """A runner error message with its field names as the CONVEYOR_ENGINE_* settings."""
+    for runner_name, setting in _RUNNER_NAMES.items():
+        message = message.replace(runner_name, setting)
+    return _ADVICE.sub(lambda m: f"{m[1]} CONVEYOR_ENGINE_{m[2].upper()}", message)
 
 
 def _runner_config(settings: EngineSettings):
