@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -12,9 +15,10 @@ from conveyor.common.grpc_client import is_serving, open_channel
 from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
 from conveyor.common.log import request_id_var
 from conveyor.common.settings import ServiceSettings
-from conveyor.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from conveyor.v1 import engine_pb2, engine_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 
 TOKENIZER = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name
+ENGINE = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 
 
 class _InfoOnly(tokenizer_pb2_grpc.TokenizerServicer):
@@ -87,3 +91,36 @@ async def test_drain_rejects_new_calls(service):
     with pytest.raises(grpc.aio.AioRpcError):
         await stub.Info(tokenizer_pb2.TokenizerInfoRequest(), timeout=2)
     await channel.close()
+
+
+class _EndlessGenerate(engine_pb2_grpc.EngineServicer):
+    """A unit-test servicer whose stream only ends when the client cancels it."""
+
+    closed = asyncio.Event()
+
+    async def Generate(self, request, context):
+        try:
+            while True:
+                yield engine_pb2.GenerateResponse(token_ids=[1])
+        finally:
+            self.closed.set()
+
+
+async def test_cancelled_stream_ends_its_span_cleanly(span_exporter, caplog):
+    servicer = _EndlessGenerate()
+    registration = ServiceRegistration(ENGINE, engine_pb2_grpc.add_EngineServicer_to_server,
+                                       servicer)
+    service = await start_grpc_server(ServiceSettings(port=0), [registration])
+    channel = open_channel(f"127.0.0.1:{service.port}")
+    call = engine_pb2_grpc.EngineStub(channel).Generate(engine_pb2.GenerateRequest())
+    for _ in range(2):
+        await call.read()
+    call.cancel()
+    await asyncio.wait_for(servicer.closed.wait(), 5)
+    gc.collect()  # finalizes a handler generator the server abandoned at a yield
+    await asyncio.sleep(0.1)
+    spans = [s for s in span_exporter.get_finished_spans() if s.name.endswith("Engine/Generate")]
+    assert len(spans) == 1
+    assert "Failed to detach context" not in caplog.text
+    await channel.close()
+    await service.server.stop(grace=None)

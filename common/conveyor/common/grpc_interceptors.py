@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 import grpc
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -48,13 +49,17 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, method: str, metadata) -> grpc
     def stream_result(behavior: Callable) -> Callable:
         async def wrapped(request_or_iterator, context) -> AsyncIterator:
             request_id_var.set(request_id)
-            with tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER) as span:
-                try:
-                    async for response in behavior(request_or_iterator, context):
-                        yield response
-                except Exception as exc:
-                    _record(span, context, exc)
-                    raise
+            span = tracer.start_span(name, context=parent, kind=SpanKind.SERVER)
+            try:
+                async for response in _steps_in_span(
+                    behavior(request_or_iterator, context), span, parent
+                ):
+                    yield response
+            except Exception as exc:
+                _record(span, context, exc)
+                raise
+            finally:
+                span.end()
 
         return wrapped
 
@@ -65,6 +70,28 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, method: str, metadata) -> grpc
     if handler.unary_stream:
         return handler._replace(unary_stream=stream_result(handler.unary_stream))
     return handler._replace(stream_stream=stream_result(handler.stream_stream))
+
+
+async def _steps_in_span(responses: AsyncIterator, span, parent) -> AsyncIterator:
+    """Iterate a streaming handler with `span` current only while the handler runs.
+
+    The span is attached and detached around each step, never across a `yield`:
+    a stream the client cancels is closed from another context, and a context
+    held across the yield could then not be detached.
+    """
+    span_context = trace.set_span_in_context(span, parent)
+    try:
+        while True:
+            token = otel_context.attach(span_context)
+            try:
+                response = await anext(responses)
+            except StopAsyncIteration:
+                return
+            finally:
+                otel_context.detach(token)
+            yield response
+    finally:
+        await responses.aclose()
 
 
 def _record(span, context, exc: Exception) -> None:
