@@ -1,0 +1,201 @@
+"""Run the whole benchmark suite and write docs/benchmarks.md with plots (`make bench`).
+
+    .venv/bin/python bench/run_suite.py            # full profile, < 30 min on 2 cores
+    .venv/bin/python bench/run_suite.py --quick    # a tiny version of everything, ~3 min
+
+Parts, in order, one server at a time: the practical roofline; KV occupancy (paged vs
+contiguous) over the engine's scheduler; the concurrency sweep against the transformers
+static-batching server (baseline a), then against Conveyor's full pipeline (gateway,
+tokenizer, engine, detok as processes) with the prefix-cache cold/warm test, then against
+the engine in process (baseline b) with the same two tests; decode ITL while a long prompt
+arrives with chunked prefill on and off. A part that fails is recorded in the report and
+the rest still run. Raw results go to img/bench_results.json beside the report;
+`--report-only` rebuilds the report from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench.suite.profile import FULL, QUICK, Profile  # noqa: E402
+
+PARTS = ("roofline", "kv", "hf", "conveyor", "inprocess", "chunked")
+MODEL = "smollm2-135m-instruct"
+
+
+class Suite:
+    """Runs the parts of one profile and collects their results."""
+
+    def __init__(self, profile: Profile, log_dir: Path):
+        self.profile = profile
+        self.log_dir = log_dir
+        self.results: dict = {"sweep": {}, "prefix": {}, "chunked": {}, "errors": {}}
+        self.started = time.monotonic()
+        self._maker = None
+
+    def log(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.started:7.1f}s] {message}", flush=True)
+
+    @property
+    def maker(self):
+        if self._maker is None:
+            from bench.serving.workload import load_prompt_maker
+
+            self._maker = load_prompt_maker(MODEL, seed=0)
+        return self._maker
+
+    def part(self, name: str, fn) -> None:
+        self.log(f"--- {name}")
+        try:
+            fn()
+        except Exception as exc:  # one part failing must not lose the others
+            traceback.print_exc()
+            self.results["errors"][name] = f"{type(exc).__name__}: {str(exc)[:400]}"
+
+    def roofline(self) -> None:
+        from bench.roofline import format_roofline, load_model_config, run_roofline
+
+        result = run_roofline(load_model_config(MODEL), ["float32", "bfloat16"],
+                              self.profile.roofline_tokens, self.profile.roofline_min_time_s)
+        print(format_roofline(result))
+        self.results["roofline"] = result
+
+    def kv(self) -> None:
+        from bench.kv_occupancy import format_occupancy, measure_occupancy, mixed_workload
+
+        occupancy = measure_occupancy(mixed_workload(self.profile.kv_requests))
+        print(format_occupancy(occupancy))
+        self.results["kv"] = {**asdict(occupancy), "paged": occupancy.paged,
+                              "contiguous_max_tokens": occupancy.contiguous_max_tokens,
+                              "contiguous_max_model_len": occupancy.contiguous_max_model_len}
+
+    def hf(self) -> None:
+        from bench.suite.targets import hf_static_server
+        from bench.suite.workloads import concurrency_sweep
+
+        with hf_static_server(self.log_dir) as target:
+            self.results["sweep"]["hf-static"] = concurrency_sweep(
+                target, self.maker, self.profile, self.log)
+
+    def conveyor(self) -> None:
+        from bench.suite.targets import conveyor_installed, conveyor_pipeline
+        from bench.suite.workloads import concurrency_sweep, prefix_cold_warm
+
+        missing = conveyor_installed()
+        if missing:
+            raise RuntimeError(f"services not built yet: {', '.join(missing)}")
+        with conveyor_pipeline(self.log_dir) as target:
+            self.results["sweep"]["conveyor"] = concurrency_sweep(
+                target, self.maker, self.profile, self.log)
+            self.results["prefix"]["conveyor"] = prefix_cold_warm(
+                target, self.maker, self.profile, self.log)
+
+    def inprocess(self) -> None:
+        from bench.suite.targets import inprocess_engine
+        from bench.suite.workloads import concurrency_sweep, prefix_cold_warm
+
+        with inprocess_engine(model=MODEL) as target:
+            self.results["sweep"]["in-process"] = concurrency_sweep(
+                target, self.maker, self.profile, self.log)
+            self.results["prefix"]["in-process"] = prefix_cold_warm(
+                target, self.maker, self.profile, self.log)
+
+    def chunked(self) -> None:
+        from bench.chunked_prefill import measure_decode_itl
+        from bench.suite.targets import inprocess_engine
+
+        p = self.profile
+        budgets = {"on": p.chunk_budget, "off": p.long_prompt_len + 2 * p.num_streams}
+        for name, budget in budgets.items():
+            with inprocess_engine(model=MODEL, max_num_batched_tokens=budget) as target:
+                figures = measure_decode_itl(target.llm, self.maker, num_streams=p.num_streams,
+                                             long_prompt_len=p.long_prompt_len)
+            figures["max_num_batched_tokens"] = budget
+            self.log(f"chunked prefill {name} (budget {budget}): {figures}")
+            self.results["chunked"][name] = figures
+
+
+def machine_meta(profile: Profile, command: str) -> dict:
+    import torch
+
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    threads = int(os.environ.get("CONVEYOR_ENGINE_TORCH_THREADS") or 0) or torch.get_num_threads()
+    return {"command": command, "profile": profile.name, "date": time.strftime("%Y-%m-%d %H:%M"),
+            "commit": commit or "unknown", "cpu": cpu, "num_cpus": os.cpu_count(),
+            "torch": torch.__version__, "threads": threads, "model": MODEL, "dtype": "float32",
+            "input_len": profile.input_len, "output_len": profile.output_len,
+            "profile_sizes": asdict(profile)}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny sizes (~3 minutes)")
+    p.add_argument("--only", default=",".join(PARTS), help=f"parts to run, of {PARTS}")
+    p.add_argument("--out", type=Path, default=None,
+                   help="report path (default docs/benchmarks.md; --quick: a temp folder)")
+    p.add_argument("--note", default="", help="a line added under the report's header")
+    p.add_argument("--report-only", action="store_true",
+                   help="rebuild the report from the JSON next to it, run nothing")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    profile = QUICK if args.quick else FULL
+    default_out = (Path(tempfile.gettempdir()) / "conveyor-bench-quick" / "benchmarks.md"
+                   if args.quick else REPO_ROOT / "docs" / "benchmarks.md")
+    doc = (args.out or default_out).resolve()
+    img_dir = doc.parent / "img"
+    results_path = img_dir / "bench_results.json"
+    from bench.suite.report import write_report
+
+    if args.report_only:
+        write_report(json.loads(results_path.read_text()), doc, img_dir)
+        print(f"wrote {doc}")
+        return 0
+    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/run_suite.py",
+                                                *(argv if argv is not None else sys.argv[1:])])
+    suite = Suite(profile, doc.parent / "bench-logs" if args.quick else
+                  Path(tempfile.gettempdir()) / "conveyor-bench-logs")
+    suite.log(f"profile {profile.name}; service logs in {suite.log_dir}")
+    for name in [n.strip() for n in args.only.split(",") if n.strip()]:
+        if name not in PARTS:
+            raise SystemExit(f"unknown part {name!r}; choose from {', '.join(PARTS)}")
+        suite.part(name, getattr(suite, name))
+    results = {"meta": {**machine_meta(profile, command), "note": args.note,
+                        "total_s": time.monotonic() - suite.started}, **suite.results}
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(results, indent=2))
+    write_report(results, doc, img_dir)
+    suite.log(f"wrote {doc} and {results_path}")
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

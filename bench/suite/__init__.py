@@ -1,0 +1,1 @@
+"""The benchmark suite behind `make bench`: profiles, targets, workloads, report."""

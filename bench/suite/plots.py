@@ -1,0 +1,125 @@
+"""PNG plots of a suite's results (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+SYSTEMS = ("conveyor", "in-process", "hf-static")
+LABELS = {"conveyor": "Conveyor (gateway+tokenizer+engine+detok)",
+          "in-process": "engine in process (offline API)",
+          "hf-static": "transformers generate, static batching"}
+
+
+def _series(results: dict, system: str, key: str) -> tuple[list[int], list[float]]:
+    points = [p for p in results.get("sweep", {}).get(system, []) if p["completed"]]
+    return [p["concurrency"] for p in points], [p[key] for p in points]
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def throughput_plot(results: dict, path: Path) -> Path | None:
+    if not results.get("sweep"):
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for system in SYSTEMS:
+        x, y = _series(results, system, "output_throughput")
+        if x:
+            ax.plot(x, y, marker="o", label=LABELS[system])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("output tokens / s")
+    ax.set_title("Output throughput vs concurrency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def latency_plot(results: dict, path: Path) -> Path | None:
+    if not results.get("sweep"):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, metric in zip(axes, ("ttft", "tpot"), strict=True):
+        for system in SYSTEMS:
+            for pct, style in (("p50", "-"), ("p99", "--")):
+                x, y = _series(results, system, f"{pct}_{metric}_ms")
+                if x:
+                    ax.plot(x, y, style, marker="o", label=f"{system} {pct}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(f"{metric.upper()} (ms)")
+        ax.set_title(f"{metric.upper()} p50 / p99 vs concurrency")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def prefix_plot(results: dict, path: Path) -> Path | None:
+    prefix = results.get("prefix")
+    if not prefix:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = list(prefix)
+    for i, name in enumerate(names):
+        cold, warm = prefix[name]["cold"]["p50_ttft_ms"], prefix[name]["warm"]["p50_ttft_ms"]
+        ax.bar([i - 0.2], [cold], 0.4, color="tab:red", label="cold" if i == 0 else None)
+        ax.bar([i + 0.2], [warm], 0.4, color="tab:green", label="warm" if i == 0 else None)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("p50 TTFT (ms)")
+    some = next(iter(prefix.values()))
+    ax.set_title(f"Prefix cache: {some['prefix_len']}-token system prompt, concurrency 1")
+    ax.legend()
+    return _save(fig, path)
+
+
+def kv_plot(results: dict, path: Path) -> Path | None:
+    kv = results.get("kv")
+    if not kv:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    labels = [f"paged\n(block {kv['block_size']})", "contiguous\nprompt+max_tokens",
+              f"contiguous\nmax_model_len {kv['max_model_len']}"]
+    values = [kv["paged"], kv["contiguous_max_tokens"], kv["contiguous_max_model_len"]]
+    bars = ax.bar(labels, [v * 100 for v in values], color=["tab:green", "tab:orange", "tab:red"])
+    ax.bar_label(bars, fmt="%.1f%%")
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("KV slots holding real tokens (%)")
+    ax.set_title("KV occupancy on a mixed-length workload")
+    return _save(fig, path)
+
+
+def chunked_plot(results: dict, path: Path) -> Path | None:
+    chunked = results.get("chunked")
+    if not chunked:
+        return None
+    keys = ("itl_before_p50_ms", "itl_during_p50_ms", "itl_during_p99_ms", "itl_during_max_ms")
+    labels = ("before p50", "during p50", "during p99", "during max")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(len(chunked), 1)
+    for i, (name, figures) in enumerate(chunked.items()):
+        xs = [j + i * width for j in range(len(keys))]
+        ax.bar(xs, [figures[k] for k in keys], width, label=name)
+    ax.set_xticks([j + width * (len(chunked) - 1) / 2 for j in range(len(keys))], labels)
+    ax.set_ylabel("decode inter-token latency (ms)")
+    some = next(iter(chunked.values()))
+    ax.set_title(f"Decode ITL while a {some['long_prompt_len']}-token prompt arrives")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def make_plots(results: dict, img_dir: Path) -> dict[str, Path]:
+    img_dir.mkdir(parents=True, exist_ok=True)
+    makers = {"throughput": throughput_plot, "latency": latency_plot, "prefix": prefix_plot,
+              "kv": kv_plot, "chunked": chunked_plot}
+    made = {name: fn(results, img_dir / f"bench_{name}.png") for name, fn in makers.items()}
+    return {name: path for name, path in made.items() if path is not None}

@@ -1,0 +1,45 @@
+"""The suite's serving workloads, each a function of a target and a profile.
+
+Every function returns plain dicts (JSON-ready) so the report can be rebuilt from a
+saved results file.
+"""
+
+from __future__ import annotations
+
+from bench.serving.metrics import format_metrics
+from bench.serving.workload import PromptMaker
+from bench.suite.profile import Profile
+
+
+def concurrency_sweep(target, maker: PromptMaker, profile: Profile, log=print) -> list[dict]:
+    """Random prompts (input_len in, output_len out, ignore_eos) at each concurrency."""
+    points = []
+    for concurrency in profile.concurrency_levels:
+        num = profile.num_prompts(concurrency)
+        requests = maker.random_requests(num, profile.input_len, profile.output_len)
+        metrics, _ = target.run(requests, concurrency, num_warmup=1,
+                                duration_s=profile.level_duration_s)
+        log(format_metrics(f"{target.name} concurrency {concurrency}", metrics))
+        points.append({"concurrency": concurrency, **metrics.as_dict()})
+    return points
+
+
+def prefix_cold_warm(target, maker: PromptMaker, profile: Profile, log=print) -> dict:
+    """TTFT at concurrency 1 for prefix_len-token system prompts + distinct questions.
+
+    Cold: every request has its own system prompt, so nothing is cached. Warm: one system
+    prompt, sent once before measuring, then shared by every measured request.
+    """
+    num, question, out = profile.prefix_requests, profile.prefix_question_len, 8
+    target.run(maker.random_requests(1, 16, 4), 1, num_warmup=0)  # the server is warm
+    cold = [maker.shared_prefix_requests(1, profile.prefix_len, question, out)[0]
+            for _ in range(num)]
+    warm = maker.shared_prefix_requests(num + 1, profile.prefix_len, question, out)
+    cold_metrics, _ = target.run(cold, 1, num_warmup=0)
+    target.run(warm[:1], 1, num_warmup=0)
+    warm_metrics, _ = target.run(warm[1:], 1, num_warmup=0)
+    result = {"prefix_len": profile.prefix_len, "question_len": question, "num_requests": num,
+              "cold": cold_metrics.as_dict(), "warm": warm_metrics.as_dict()}
+    log(f"{target.name} prefix {profile.prefix_len}: TTFT p50 cold "
+        f"{cold_metrics.ttft.p50:.1f} ms, warm {warm_metrics.ttft.p50:.1f} ms")
+    return result
