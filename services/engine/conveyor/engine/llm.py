@@ -55,8 +55,12 @@ class LLM:
 
     def generate(self, prompts: PromptInput | Sequence[PromptInput],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Generate for each prompt; outputs come back in the prompts' order.
+
+        `priority` (one per prompt, lower runs first) orders admission and picks
+        preemption victims, as in the server.
 
         Raises ValueError (before running anything) when a prompt is empty, too long
         for max_model_len with its max_tokens, or has token ids outside the vocabulary.
@@ -64,7 +68,11 @@ class LLM:
         items = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(items))
         outputs = [self._output(item) for item in items]
-        requests = [self._request(o, p) for o, p in zip(outputs, params, strict=True)]
+        priorities = list(priority) if priority is not None else [0] * len(items)
+        if len(priorities) != len(items):
+            raise ValueError(f"got {len(priorities)} priorities for {len(items)} prompts")
+        requests = [self._request(o, p, rank)
+                    for o, p, rank in zip(outputs, params, priorities, strict=True)]
         for request in requests:
             validate_request(request, self.core.info)
         self._run(requests, outputs, _show_progress(use_tqdm, len(requests)))
@@ -93,9 +101,9 @@ class LLM:
         return RequestOutput(str(next(self._ids)), text, list(token_ids))
 
     @staticmethod
-    def _request(output: RequestOutput, params: SamplingParams) -> EngineRequest:
+    def _request(output: RequestOutput, params: SamplingParams, priority: int) -> EngineRequest:
         output.outputs = [CompletionOutput(index=i) for i in range(params.n)]
-        return EngineRequest(output.request_id, output.prompt_token_ids, params)
+        return EngineRequest(output.request_id, output.prompt_token_ids, params, priority)
 
     def _run(self, requests: list[EngineRequest], outputs: list[RequestOutput],
              progress: bool) -> None:
