@@ -16,9 +16,7 @@ from conveyor.engine.core.errors import DuplicateRequestId
 from conveyor.engine.core.request import FinishReason, Request
 from conveyor.engine.core.request_update import RequestUpdate
 from conveyor.engine.core.scheduler import Scheduler
-from conveyor.engine.core.scheduler_output import (
-    ScheduledRequest,
-)
+from conveyor.engine.core.scheduler_output import ModelRunnerOutput, ScheduledRequest
 from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.engine_stats import EngineStats
@@ -113,7 +111,8 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         result.num_scheduled_tokens = scheduler_output.num_batched_tokens
         self._mark_scheduled(scheduler_output.scheduled, time.monotonic(), result.iteration)
-        if scheduler_output.is_empty:
+        if scheduler_output.is_empty:  # close the step: aborts in it free their blocks now
+            self.scheduler.update_from_output(scheduler_output, ModelRunnerOutput())
             return result
         executed = self._runner.execute(scheduler_output)
         failed = self._abort_failed(executed.failures)
