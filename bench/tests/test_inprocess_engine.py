@@ -1,0 +1,81 @@
+"""The in-process closed loop and the chunked-prefill gap split, over a fake engine core."""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from bench.chunked_prefill import _gaps
+from bench.inprocess_engine import run_inprocess
+from bench.serving.workload import BenchRequest
+
+
+@dataclass
+class Delta:
+    request_id: str
+    new_token_ids: list
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def finished(self):
+        return self.finish_reason is not None
+
+
+@dataclass
+class FakeCore:
+    """Each step gives every live request one token; tracks the most live at once."""
+
+    live: dict = field(default_factory=dict)
+    max_live: int = 0
+
+    def add_request(self, request):
+        self.live[request.request_id] = request.sampling_params.max_tokens
+        self.max_live = max(self.max_live, len(self.live))
+
+    @property
+    def has_unfinished_requests(self):
+        return bool(self.live)
+
+    @property
+    def unfinished_request_ids(self):
+        return list(self.live)
+
+    def abort(self, ids):
+        for request_id in ids:
+            self.live.pop(request_id, None)
+
+    def step(self):
+        deltas = []
+        for request_id in list(self.live):
+            self.live[request_id] -= 1
+            done = self.live[request_id] == 0
+            deltas.append(Delta(request_id, [5], "length" if done else None))
+            if done:
+                del self.live[request_id]
+        return type("Step", (), {"deltas": deltas})()
+
+
+class FakeLLM:
+    def __init__(self):
+        self.core = FakeCore()
+
+    def get_tokenizer(self):
+        return lambda text, add_special_tokens: {"input_ids": [1] * len(text.split())}
+
+
+def test_closed_loop_keeps_concurrency_and_counts_tokens():
+    llm = FakeLLM()
+    requests = [BenchRequest("a b c", 3, 4) for _ in range(10)] + [BenchRequest([1, 2], 2, 2)]
+    metrics, results = run_inprocess(llm, requests, concurrency=3)
+    assert llm.core.max_live == 3
+    assert metrics.completed == 11 and metrics.total_output_tokens == 42
+    assert metrics.total_input_tokens == 32
+    assert all(len(r.itl) == r.output_tokens - 1 for r in results)
+    assert all(r.latency >= r.ttft > 0 for r in results)
+
+
+def test_gaps_split_at_the_long_prompt_arrival():
+    times = {"s0": [0.0, 1.0, 2.0, 5.0, 6.0], "s1": [0.5, 1.5, 5.0]}
+    before, during = _gaps(times, 2, arrival=2.5, first_long=5.0)
+    assert before == pytest.approx([1000.0, 1000.0, 1000.0])
+    assert during == pytest.approx([3000.0, 3500.0])

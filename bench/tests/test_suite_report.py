@@ -1,0 +1,91 @@
+"""Target checks and the report from synthetic results; roofline and KV helpers."""
+
+import pytest
+
+from bench.kv_occupancy import measure_occupancy, mixed_workload
+from bench.roofline import LinearShape, measure_forward, model_flops, params_per_token
+from bench.suite.profile import FULL, QUICK
+from bench.suite.report import render
+from bench.suite.targets_check import check_targets
+
+SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "head_dim": 64, "num_hidden_layers": 30,
+           "vocab_size": 49152}
+
+
+def point(concurrency, out_tps, ttft=100.0, tpot=50.0, total=None):
+    return {"concurrency": concurrency, "completed": 8, "failed": 0, "output_throughput": out_tps,
+            "total_token_throughput": total or out_tps * 5, "request_throughput": 1.0,
+            "p50_ttft_ms": ttft, "p99_ttft_ms": ttft, "mean_tpot_ms": tpot, "p50_tpot_ms": tpot,
+            "p99_tpot_ms": tpot, "p50_itl_ms": tpot, "p99_itl_ms": tpot}
+
+
+def results():
+    return {
+        "meta": {"command": "cmd", "profile": "quick", "date": "d", "commit": "c", "cpu": "x",
+                 "num_cpus": 2, "torch": "t", "threads": 2, "model": "m", "dtype": "float32",
+                 "input_len": 256, "output_len": 64},
+        "sweep": {
+            "hf-static": [point(1, 10, tpot=100), point(16, 20), point(32, 20)],
+            "conveyor": [point(1, 30, ttft=103, tpot=25), point(16, 70), point(32, 70)],
+            "in-process": [point(1, 31, ttft=100), point(16, 75), point(32, 100, total=1000)],
+        },
+        "prefix": {"conveyor": {"prefix_len": 1000, "cold": {"p50_ttft_ms": 600.0},
+                                "warm": {"p50_ttft_ms": 100.0}}},
+        "kv": {"paged": 0.99, "contiguous_max_tokens": 0.8, "contiguous_max_model_len": 0.3,
+               "block_size": 16, "max_model_len": 2048},
+        "roofline": {"threads": 2, "params_per_token": 134_500_000, "peak": {"float32": 100.0},
+                     "shapes": [{"dtype": "float32", "tokens": 64, "shape": "q", "gflops": 50}],
+                     "forward": [{"dtype": "float32", "tokens": 64, "shape": "forward",
+                                  "gflops": 300.0}]},
+        "chunked": {"on": {"long_prompt_len": 2000, "max_num_batched_tokens": 256,
+                           "itl_before_p50_ms": 50, "itl_during_p50_ms": 60,
+                           "itl_during_p99_ms": 90, "itl_during_max_ms": 95,
+                           "long_ttft_ms": 3000}},
+        "errors": {},
+    }
+
+
+def test_targets_met_and_not_met():
+    rows = {r.target: r for r in check_targets(results())}
+    status = [r.status for r in rows.values()]
+    assert status == ["met", "not met", "met", "met", "not met", "met", "met", "met", "met"]
+    flops = next(r for r in rows.values() if "FLOP" in r.target)
+    assert "269.0 GFLOP/s" in flops.measured and "90%" in flops.measured
+    assert "+3.0 ms" in next(r.measured for r in rows.values() if "TTFT (c" in r.target
+                             or "p50 TTFT" in r.target)
+
+
+def test_missing_parts_are_not_measured():
+    rows = check_targets({"sweep": {}, "meta": {}})
+    assert {r.status for r in rows} == {"not measured"}
+
+
+def test_report_renders_tables_and_plots(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    text = render(results(), doc, tmp_path / "img")
+    for name in ("throughput", "latency", "prefix", "kv", "chunked"):
+        assert (tmp_path / "img" / f"bench_{name}.png").stat().st_size > 1000
+        assert f"img/bench_{name}.png" in text
+    assert "| conveyor | 16 |" in text and "**not met**" in text
+
+
+def test_params_and_model_flops_of_smollm2():
+    assert params_per_token(SMOLLM2) == 134_479_872
+    assert model_flops(SMOLLM2, 100.0) == pytest.approx(2 * 134_479_872 * 100)
+
+
+def test_forward_measurement_runs_on_small_shapes():
+    shapes = [LinearShape("a", 8, 16, 2), LinearShape("b", 16, 8, 1)]
+    assert measure_forward(shapes, 4, __import__("torch").float32, 0.001) > 0
+
+
+def test_paged_kv_holds_real_tokens():
+    occupancy = measure_occupancy(mixed_workload(40, seed=1), block_size=16)
+    assert occupancy.paged > 0.95 > occupancy.contiguous_max_tokens
+    assert occupancy.contiguous_max_model_len < occupancy.contiguous_max_tokens
+
+
+def test_profiles():
+    assert FULL.num_prompts(16) == 32 and QUICK.num_prompts(1) == QUICK.min_prompts
+    assert 16 in FULL.concurrency_levels and 32 in FULL.concurrency_levels
