@@ -91,7 +91,7 @@ async def test_sampling_parameters_reach_the_engine(gateway):
     body = {**CHAT, "max_tokens": 9, "max_completion_tokens": 2, "temperature": 0.5,
             "top_p": 0.9, "top_k": 5, "min_p": 0.1, "presence_penalty": 0.5,
             "frequency_penalty": -0.5, "repetition_penalty": 1.2, "logit_bias": {"65": 10},
-            "stop_token_ids": [3], "ignore_eos": True, "priority": -2, "min_tokens": 1,
+            "stop_token_ids": [3], "ignore_eos": True, "priority": 2, "min_tokens": 1,
             "user": "someone", "unknown_field": {"ignored": True}}
     async with gateway.client() as client:
         response = await client.post("/v1/chat/completions", json=body)
@@ -102,7 +102,8 @@ async def test_sampling_parameters_reach_the_engine(gateway):
     assert abs(s.temperature - 0.5) < 1e-6 and abs(s.top_p - 0.9) < 1e-6
     assert abs(s.repetition_penalty - 1.2) < 1e-6 and abs(s.min_p - 0.1) < 1e-6
     assert dict(s.logit_bias) == {65: 10.0} and list(s.stop_token_ids) == [3]
-    assert request.priority == -2 and not s.HasField("seed")
+    # priority is an offset from the tier's (the anonymous tenant's "unlimited": 10)
+    assert request.priority == 12 and not s.HasField("seed")
 
 
 async def test_default_max_tokens_is_what_the_context_has_left(gateway):

@@ -36,7 +36,7 @@ async def test_tokenize_and_detokenize(gateway):
 async def test_health_is_ok_with_every_service_up(gateway):
     async with gateway.client() as client:
         response = await client.get("/health")
-    assert response.status_code == 200 and response.json() == {"status": "ok"}
+    assert response.status_code == 200 and response.json() == {"status": "ok", "num_engines": 1}
 
 
 async def test_metrics_count_requests_and_latency(gateway):

@@ -23,10 +23,9 @@ async def stream_payloads(
     async for index, delta in deltas:
         texts = await _texts_of(fmt, token_texts, delta.token_ids, delta.logprobs)
         chunk = fmt.chunk(index, delta, texts)
+        usage.observe(index, delta)
         if chunk is not None:
             yield chunk
-        if delta.usage is not None:
-            usage.add(index, delta.usage)
     if include_usage:
         yield fmt.usage_chunk(usage)
 
@@ -39,8 +38,7 @@ async def collect_response(
     results = [ChoiceResult() for _ in range(num_choices)]
     async for index, delta in deltas:
         results[index].add(delta)
-        if delta.usage is not None:
-            usage.add(index, delta.usage)
+        usage.observe(index, delta)
     token_ids = [i for r in results for i in r.token_ids]
     logprobs = [p for r in results for p in r.logprobs]
     texts = await _texts_of(fmt, token_texts, token_ids, logprobs)

@@ -1,11 +1,10 @@
-"""Which engine replica takes a request (the routing seam).
+"""The loads of the configured engines (CONVEYOR_GATEWAY_ENGINE_ADDRESSES), by Engine.Stats.
 
-For now: the configured engines, asked for their load (Engine.Stats), the least
-loaded reachable one wins. Loads are shared by concurrent requests for a short
-while (one Stats round per `max_age_s`), and each pick counts against the picked
-engine until the next round, so a burst spreads over replicas instead of all
-landing on the one that looked idle. Session affinity and prefix-cache hints
-come later and slot in here.
+The gateway routes with routing.Router; while no engine has registered in Redis,
+StaticEngines turns these loads into registry entries. Loads are shared by
+concurrent requests for a short while (one Stats round per `max_age_s`). `pick`
+(the least loaded reachable engine, each pick counting against it until the
+next round so a burst spreads) serves callers without a router.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """OpenAI error bodies and the one mapping from failures to them.
 
 Every error is `{"error": {"message", "type", "param", "code"}}`. 400 is the
-caller's mistake, 404 an unknown model, 503 (with Retry-After) no capacity
+caller's mistake, 401 a missing or wrong API key, 404 an unknown model (or
+request timeline), 429 over a tenant's quota (with Retry-After), 503 (with Retry-After) no capacity
 right now, 504 a request past its deadline, and 500 a real fault.
 """
 
@@ -9,10 +10,13 @@ from __future__ import annotations
 
 import logging
 
+from redis.exceptions import RedisError
+
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED
 from conveyor.gateway.cancellation import RequestTimedOut
 from conveyor.gateway.engine_picker import NoEngineAvailable
 from conveyor.gateway.generation import EngineAborted
+from conveyor.gateway.tenancy.errors import TenancyError
 from conveyor.gateway.upstream_error import UpstreamError
 
 log = logging.getLogger("conveyor.gateway.errors")
@@ -66,8 +70,14 @@ def to_api_error(error: BaseException, prompt_param: str | None, retry_after_s: 
     """The client-facing form of any failure while serving a request."""
     if isinstance(error, APIError):
         return error
+    if isinstance(error, TenancyError):
+        return from_tenancy(error)
     if isinstance(error, UpstreamError):
         return _from_upstream(error, prompt_param, retry_after_s)
+    if isinstance(error, RedisError):
+        log.error("Redis failed while serving a request: %s", error)
+        return unavailable("the gateway cannot reach its Redis (keys, quotas, routing)",
+                           retry_after_s, "redis_unavailable")
     if isinstance(error, NoEngineAvailable):
         return unavailable(f"no engine can take the request now ({error})", retry_after_s,
                            "no_engine_available")
@@ -78,6 +88,12 @@ def to_api_error(error: BaseException, prompt_param: str | None, retry_after_s: 
                         "timeout_error", None, "request_timeout")
     log.error("unexpected error while serving a request", exc_info=error)
     return internal_error()
+
+
+def from_tenancy(error: TenancyError) -> APIError:
+    """Auth, quota and priority refusals keep their status, body and headers."""
+    return APIError(error.status_code, error.message, error.error_type, error.param,
+                    error.code, error.headers())
 
 
 def _from_upstream(error: UpstreamError, prompt_param: str | None,

@@ -2,25 +2,34 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import grpc
+from redis.asyncio import Redis
 
+from conveyor.common.engine_registry import EngineRegistry
 from conveyor.common.grpc_client import open_channel
-from conveyor.gateway.admission import Admitter
 from conveyor.gateway.detok_client import DetokClient
-from conveyor.gateway.engine_client import EngineClient
+from conveyor.gateway.engine_clients import EngineClients
+from conveyor.gateway.engine_directory import EngineDirectory
 from conveyor.gateway.engine_picker import EnginePicker
 from conveyor.gateway.metrics import GatewayMetrics
 from conveyor.gateway.model_catalog import ModelCatalog
+from conveyor.gateway.routing.router import Router
 from conveyor.gateway.settings import GatewaySettings
+from conveyor.gateway.static_engines import StaticEngines
+from conveyor.gateway.tenancy.tenant_admitter import TenantAdmitter
+from conveyor.gateway.tenancy.timeline import TimelineStore
 from conveyor.gateway.token_texts import TokenTexts
 from conveyor.gateway.tokenizer_client import TokenizerClient
+
+log = logging.getLogger("conveyor.gateway")
 
 
 @dataclass
 class Pipeline:
-    """Clients of tokenizer, engines and detok, plus the gateway's own pieces.
+    """Clients of tokenizer, engines, detok and Redis, plus the gateway's own pieces.
 
     `draining` is set on SIGTERM: /health turns 503 and new requests are refused
     while the ones in flight finish.
@@ -29,34 +38,63 @@ class Pipeline:
     settings: GatewaySettings
     tokenizer: TokenizerClient
     detok: DetokClient
-    picker: EnginePicker
+    engines: EngineClients
+    directory: EngineDirectory
+    router: Router
+    admitter: TenantAdmitter
+    timelines: TimelineStore
+    redis: Redis
     catalog: ModelCatalog
     token_texts: TokenTexts
     metrics: GatewayMetrics
-    admitter: Admitter = field(default_factory=Admitter)
     channels: list[grpc.aio.Channel] = field(default_factory=list)
     draining: bool = False
 
     @classmethod
     def connect(cls, settings: GatewaySettings) -> Pipeline:
-        """Open one channel per service (lazily connected by gRPC)."""
+        """Open one channel per service and one Redis client (all lazily connected)."""
         tokenizer_channel = open_channel(settings.tokenizer_address)
         detok_channel = open_channel(settings.detok_address)
-        engine_channels = {a: open_channel(a) for a in settings.engine_address_list}
         tokenizer = TokenizerClient(tokenizer_channel, settings.rpc_timeout_s)
-        engines = [EngineClient(a, c, settings.rpc_timeout_s) for a, c in engine_channels.items()]
+        redis = Redis.from_url(settings.redis_url, decode_responses=True)
+        engines = EngineClients(settings.rpc_timeout_s)
+        directory = _directory(settings, redis, engines)
+        if not settings.auth_enabled:
+            log.warning("API keys are OFF (CONVEYOR_GATEWAY_AUTH_ENABLED=false): every request "
+                        "is the anonymous tenant of tier %r; for local use only",
+                        settings.anonymous_tier)
         return cls(
             settings=settings,
             tokenizer=tokenizer,
             detok=DetokClient(detok_channel, min(settings.rpc_timeout_s, 2.0)),
-            picker=EnginePicker(engines, stats_timeout_s=min(settings.rpc_timeout_s, 3.0),
-                                max_age_s=settings.engine_stats_max_age_s),
+            engines=engines,
+            directory=directory,
+            router=Router.from_settings(redis, settings, prefix=settings.redis_prefix,
+                                        engines=directory),
+            admitter=TenantAdmitter.from_settings(redis, settings),
+            timelines=TimelineStore(redis, prefix=settings.redis_prefix,
+                                    ttl_s=settings.timeline_ttl_s),
+            redis=redis,
             catalog=ModelCatalog(tokenizer, settings.served_model_name),
             token_texts=TokenTexts(tokenizer),
             metrics=GatewayMetrics(),
-            channels=[tokenizer_channel, detok_channel, *engine_channels.values()],
+            channels=[tokenizer_channel, detok_channel],
         )
 
     async def close(self) -> None:
         for channel in self.channels:
             await channel.close()
+        await self.engines.close()
+        await self.redis.aclose()
+
+
+def _directory(settings: GatewaySettings, redis: Redis,
+               engines: EngineClients) -> EngineDirectory:
+    """The registry, with the static engine list (if any) as its fallback."""
+    static = None
+    if settings.engine_address_list:
+        picker = EnginePicker([engines.client(a) for a in settings.engine_address_list],
+                              stats_timeout_s=min(settings.rpc_timeout_s, 3.0),
+                              max_age_s=settings.engine_stats_max_age_s)
+        static = StaticEngines(picker)
+    return EngineDirectory(EngineRegistry(redis, prefix=settings.redis_prefix), static)

@@ -7,6 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request
+from redis.exceptions import RedisError
 from starlette.responses import JSONResponse, Response
 
 from conveyor.gateway.api_models import (
@@ -77,25 +78,51 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
     return await _serve_simple(request, "detokenize", work, prompt_param="tokens")
 
 
+@router.get("/v1/requests/{request_id}")
+async def request_timeline(request_id: str, request: Request) -> Response:
+    """A request's timeline (stages, tokens, engine), readable by its tenant only."""
+    async def work(pipeline: Pipeline) -> dict:
+        tenant = await pipeline.admitter.authenticate(request.headers)
+        timeline = await pipeline.timelines.get(request_id, tenant.tenant_id)
+        return {"object": "request.timeline", **timeline.to_dict()}
+
+    return await _serve_simple(request, "requests", work)
+
+
 @router.get("/health")
 async def health(request: Request) -> Response:
+    """503 while draining or while Redis, every engine, the tokenizer or detok is down."""
     pipeline = _pipeline(request)
     if pipeline.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
-    engines_up, tokenizer_up, detok_up = await asyncio.gather(
-        pipeline.picker.any_reachable(), pipeline.tokenizer.is_serving(),
+    engines, redis_up, tokenizer_up, detok_up = await asyncio.gather(
+        _num_live_engines(pipeline), _redis_up(pipeline), pipeline.tokenizer.is_serving(),
         pipeline.detok.is_serving())
-    down = [name for name, up in (("engine", engines_up), ("tokenizer", tokenizer_up),
-                                  ("detok", detok_up)) if not up]
+    down = [name for name, up in (("redis", redis_up), ("engine", bool(engines)),
+                                  ("tokenizer", tokenizer_up), ("detok", detok_up)) if not up]
     if down:
         return JSONResponse({"status": "unavailable", "down": down}, status_code=503)
-    return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "ok", "num_engines": engines})
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     registry = _pipeline(request).metrics
     return Response(registry.render(), media_type=registry.content_type)
+
+
+async def _num_live_engines(pipeline: Pipeline) -> int:
+    try:
+        return len(await pipeline.directory.list_live())
+    except RedisError:
+        return 0
+
+
+async def _redis_up(pipeline: Pipeline) -> bool:
+    try:
+        return bool(await pipeline.redis.ping())
+    except RedisError:
+        return False
 
 
 async def _serve_simple(request: Request, endpoint: str,

@@ -1,4 +1,9 @@
-"""The gateway's settings: every field is an environment variable CONVEYOR_GATEWAY_<NAME>."""
+"""The gateway's settings: every field is an environment variable CONVEYOR_GATEWAY_<NAME>.
+
+One class holds them all: the gateway's own fields here, tenancy's (Redis, API
+keys, tiers, quotas, timelines) and routing's (session affinity, prefix hints,
+overload bounds) by inheritance, all under the same prefix.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,11 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from conveyor.common.settings import ServiceSettings
+from conveyor.gateway.routing.settings import RoutingSettings
+from conveyor.gateway.tenancy.settings import TenancySettings
 
 
-class GatewaySettings(ServiceSettings):
+class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings):
     """Settings of the gateway process."""
 
     model_config = SettingsConfigDict(env_prefix="CONVEYOR_GATEWAY_", extra="ignore")
@@ -18,7 +25,8 @@ class GatewaySettings(ServiceSettings):
         "127.0.0.1:50051", description="host:port of the tokenizer service."
     )
     engine_addresses: str = Field(
-        "127.0.0.1:50052", description="Comma-separated host:port list of engine replicas."
+        "127.0.0.1:50052", description="Comma-separated host:port list of engine replicas, "
+        "used only while no engine has registered in Redis (single-engine and local setups)."
     )
     detok_address: str = Field("127.0.0.1:50053", description="host:port of the detok service.")
     served_model_name: str | None = Field(

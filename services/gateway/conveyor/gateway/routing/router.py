@@ -20,6 +20,7 @@ so every gateway replica routes a session to the same engine.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from redis.asyncio import Redis
 
@@ -33,10 +34,17 @@ from conveyor.gateway.routing.settings import RoutingSettings
 Engines = dict[str, EngineEntry]
 
 
+class LiveEngines(Protocol):
+    """Where the router learns which engines are alive (EngineRegistry, or the
+    gateway's directory that falls back to its static engine list)."""
+
+    async def list_live(self, model: str | None = None) -> list[EngineEntry]: ...
+
+
 class Router:
     """Picks an engine per request; safe to share by all requests of a gateway."""
 
-    def __init__(self, registry: EngineRegistry, sessions: EngineBindings,
+    def __init__(self, registry: LiveEngines, sessions: EngineBindings,
                  prefixes: EngineBindings, policy: LoadPolicy, *, block_size: int = 16,
                  max_hint_blocks: int = 4, model: str | None = None):
         self._registry = registry
@@ -49,11 +57,13 @@ class Router:
 
     @classmethod
     def from_settings(cls, redis: Redis, settings: RoutingSettings, *,
-                      prefix: str = "conveyor", model: str | None = None) -> Router:
+                      prefix: str = "conveyor", model: str | None = None,
+                      engines: LiveEngines | None = None) -> Router:
         """A router over `redis` configured by the gateway's settings; `model`
-        limits it to engines serving that model (None: any)."""
+        limits it to engines serving that model (None: any); `engines` replaces
+        the plain registry as the source of live engines."""
         return cls(
-            EngineRegistry(redis, prefix=prefix),
+            engines or EngineRegistry(redis, prefix=prefix),
             EngineBindings(redis, "session", prefix=prefix, ttl_s=settings.session_ttl_s),
             EngineBindings(redis, "prefix", prefix=prefix, ttl_s=settings.prefix_hint_ttl_s),
             LoadPolicy(settings.max_waiting, settings.max_kv_usage, settings.max_imbalance),

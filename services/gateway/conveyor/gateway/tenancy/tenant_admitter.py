@@ -1,8 +1,7 @@
-"""The gateway's auth/admit seam (conveyor.gateway.admission.Admitter) over Redis.
+"""The gateway's auth/admit seam over Redis (the generation endpoint calls it).
 
-`authenticate(headers) -> Tenant` and `admit(tenant, num_prompt_tokens,
-max_tokens) -> TenantAdmission` have the shapes the request handler already
-calls, so the gateway swaps its anonymous Admitter for this one at startup.
+`authenticate(headers) -> Tenant`, then `admit(tenant, num_prompt_tokens,
+max_tokens) -> TenantAdmission`, whose `settle` runs on every exit path.
 """
 
 from __future__ import annotations
