@@ -44,6 +44,8 @@ SERVICES = [
         "CONVEYOR_GATEWAY_TOKENIZER_ADDRESS": "127.0.0.1:50051",
         "CONVEYOR_GATEWAY_ENGINE_ADDRESSES": "127.0.0.1:50052",
         "CONVEYOR_GATEWAY_DETOK_ADDRESS": "127.0.0.1:50053",
+        # Local use: no API keys (the gateway logs a warning). Compose turns them on.
+        "CONVEYOR_GATEWAY_AUTH_ENABLED": "false",
     }),
 ]
 

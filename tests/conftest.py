@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ REDIS_URL = os.environ.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0")
 MODEL = "smollm2-135m-instruct"
 MAX_MODEL_LEN = 2048
 """A small context keeps the engine's KV pool (and start-up) small on the CPU."""
+REDIS_PREFIX = f"e2e:{uuid.uuid4().hex[:12]}"
+"""This session's Redis namespace (keys, quotas, bindings, timelines), deleted at the end."""
 
 
 @dataclass
@@ -38,6 +41,15 @@ class Stack:
     def api_url(self) -> str:
         return f"{self.base_url}/v1"
 
+    @property
+    def redis_url(self) -> str:
+        return REDIS_URL
+
+    @property
+    def redis_prefix(self) -> str:
+        """The Redis namespace of this session's gateways (deleted at the end)."""
+        return REDIS_PREFIX
+
     def gateway_env(self, **overrides: str) -> dict[str, str]:
         """The gateway's environment for this stack (overrides win)."""
         return gateway_env(self.tokenizer, self.engine, self.detok, **overrides)
@@ -51,6 +63,9 @@ def gateway_env(tokenizer: ServiceProcess, engine: ServiceProcess, detok: Servic
         "CONVEYOR_GATEWAY_ENGINE_ADDRESSES": engine.address,
         "CONVEYOR_GATEWAY_DETOK_ADDRESS": detok.address,
         "CONVEYOR_GATEWAY_REQUEST_TIMEOUT_S": "120",
+        "CONVEYOR_GATEWAY_REDIS_URL": REDIS_URL,
+        "CONVEYOR_GATEWAY_REDIS_PREFIX": REDIS_PREFIX,
+        "CONVEYOR_GATEWAY_AUTH_ENABLED": "false",
         **overrides,
     }
 
@@ -64,6 +79,16 @@ def _require_redis() -> None:
         pytest.fail(f"no Redis at {REDIS_URL} ({exc}); start one with `make redis`")
 
 
+def _delete_namespace(prefix: str) -> None:
+    from redis import Redis
+
+    client = Redis.from_url(REDIS_URL, socket_timeout=2)
+    keys = list(client.scan_iter(match=f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
 def _require_services() -> None:
     missing = [name for name in ("tokenizer", "engine", "detok", "gateway")
                if importlib.util.find_spec(f"conveyor.{name}.__main__") is None]
@@ -71,8 +96,12 @@ def _require_services() -> None:
         pytest.skip(f"not built yet: {', '.join(missing)}")
 
 
-def _model_service(service: str, log_dir: Path, name: str | None = None) -> ServiceProcess:
-    settings = {"MODEL": MODEL, "MAX_MODEL_LEN": str(MAX_MODEL_LEN), "PORT": "0"}
+def _model_service(service: str, log_dir: Path, name: str | None = None,
+                   **settings_overrides: str) -> ServiceProcess:
+    """A tokenizer/engine/detok process; `settings_overrides` are its settings by field
+    name (MAX_NUM_SEQS="2" becomes CONVEYOR_ENGINE_MAX_NUM_SEQS=2)."""
+    settings = {"MODEL": MODEL, "MAX_MODEL_LEN": str(MAX_MODEL_LEN), "PORT": "0",
+                **settings_overrides}
     return ServiceProcess(
         f"conveyor.{service}", name=name or service, log_path=log_dir / f"{name or service}.log",
         env={"HF_HUB_OFFLINE": "1",
@@ -113,6 +142,64 @@ def stack(log_dir) -> Stack:
     yield stack
     for process in (gateway, *processes):
         process.stop()
+    _delete_namespace(REDIS_PREFIX)
+
+
+class Launcher:
+    """Starts more gateway and engine processes next to the stack; `stop_all` ends them."""
+
+    def __init__(self, stack: Stack, log_dir: Path):
+        self._stack = stack
+        self._log_dir = log_dir
+        self.started: list[ServiceProcess] = []
+
+    def gateway(self, name: str, **env_overrides: str) -> ServiceProcess:
+        """A gateway with the stack's environment (overrides win)."""
+        return self._keep(start_gateway(self._stack.gateway_env(**env_overrides),
+                                        self._log_dir, name))
+
+    def engines(self, *names: str, **settings: str) -> list[ServiceProcess]:
+        """Small engine processes (started in parallel); `settings` by field name, e.g.
+        MAX_NUM_SEQS="2"."""
+        settings = {"MAX_MODEL_LEN": "512", "KV_CACHE_GIB": "0.1", **settings}
+        processes = [_model_service("engine", self._log_dir, name=name, **settings)
+                     for name in names]
+        with ThreadPoolExecutor(len(processes)) as pool:
+            results = list(pool.map(self._start_engine, processes))
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return processes
+
+    def _start_engine(self, process: ServiceProcess) -> ServiceProcess | BaseException:
+        try:
+            return self._keep(process.start(timeout_s=600))
+        except BaseException as exc:  # noqa: BLE001 - re-raised by engines() after the others
+            return exc
+
+    def _keep(self, process: ServiceProcess) -> ServiceProcess:
+        self.started.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for process in reversed(self.started):
+            process.stop()
+
+
+@pytest.fixture
+def launch(stack, log_dir):
+    """A Launcher whose processes stop when the test ends."""
+    launcher = Launcher(stack, log_dir)
+    yield launcher
+    launcher.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_launch(stack, log_dir):
+    """A Launcher whose processes stop when the module's tests are done."""
+    launcher = Launcher(stack, log_dir)
+    yield launcher
+    launcher.stop_all()
 
 
 @pytest.fixture

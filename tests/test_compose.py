@@ -78,6 +78,20 @@ def test_gateway_waits_for_healthy_dependencies(compose):
         assert depends[service]["condition"] == "service_healthy"
 
 
+def test_compose_requires_api_keys_and_make_run_turns_them_off_explicitly(compose):
+    gateway = compose["services"]["gateway"]["environment"]
+    assert str(gateway["CONVEYOR_GATEWAY_AUTH_ENABLED"]).lower() == "true"
+    assert gateway["CONVEYOR_GATEWAY_REDIS_URL"].startswith("redis://redis:")
+    local = next(s for s in run_local.SERVICES if s.name == "gateway")
+    assert local.env["CONVEYOR_GATEWAY_AUTH_ENABLED"] == "false"
+
+
+def test_gateway_requires_api_keys_by_default():
+    from conveyor.gateway.settings import GatewaySettings
+
+    assert GatewaySettings.model_fields["auth_enabled"].default is True
+
+
 @pytest.mark.parametrize("service", sorted(CONVEYOR_SERVICES))
 def test_every_variable_is_a_setting(compose, service):
     module, name = CONVEYOR_SERVICES[service]
