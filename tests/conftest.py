@@ -159,11 +159,11 @@ class Launcher:
                                         self._log_dir, name))
 
     def engines(self, *names: str, **settings: str) -> list[ServiceProcess]:
-        """Small engine processes (started in parallel); `settings` by field name, e.g.
-        MAX_NUM_SEQS="2"."""
+        """Small engine processes (started in parallel), each with its name as engine id;
+        `settings` by field name, e.g. MAX_NUM_SEQS="2"."""
         settings = {"MAX_MODEL_LEN": "512", "KV_CACHE_GIB": "0.1", **settings}
-        processes = [_model_service("engine", self._log_dir, name=name, **settings)
-                     for name in names]
+        processes = [_model_service("engine", self._log_dir, name=name, ENGINE_ID=name,
+                                    **settings) for name in names]
         with ThreadPoolExecutor(len(processes)) as pool:
             results = list(pool.map(self._start_engine, processes))
         for result in results:
