@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import uuid
+
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from redis.asyncio import Redis
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +24,42 @@ def span_exporter() -> InMemorySpanExporter:
         trace.set_tracer_provider(provider)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return exporter
+
+
+REDIS_URL = os.environ.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0")
+"""The real Redis the tests use (`make test` starts one when none answers)."""
+
+
+async def _connect_redis(**options) -> Redis:
+    client = Redis.from_url(REDIS_URL, **options)
+    try:
+        await client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means no Redis to test against
+        pytest.fail(f"no Redis at {REDIS_URL} ({exc}); start one with `make redis`")
+    return client
+
+
+@pytest.fixture
+async def redis():
+    """A client of the real Redis, decoding responses to str."""
+    client = await _connect_redis(decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def other_redis():
+    """A second, independent client: another gateway (or engine) replica."""
+    client = await _connect_redis(decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def prefix(redis):
+    """A fresh key namespace for one test; its keys are deleted afterwards."""
+    namespace = f"test:{uuid.uuid4().hex}"
+    yield namespace
+    keys = [key async for key in redis.scan_iter(match=f"{namespace}:*")]
+    if keys:
+        await redis.delete(*keys)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
 
 import pytest
 from redis.asyncio import Redis
@@ -15,28 +14,6 @@ from conveyor.common.engine_registry import (
     EngineLoad,
     EngineRegistry,
 )
-
-REDIS_URL = os.environ.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-@pytest.fixture
-async def redis():
-    client = Redis.from_url(REDIS_URL, decode_responses=True)
-    try:
-        await client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure means no Redis to test against
-        pytest.fail(f"no Redis at {REDIS_URL} ({exc}); start one with `make redis`")
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def prefix(redis):
-    namespace = f"test:{uuid.uuid4().hex}"
-    yield namespace
-    keys = [key async for key in redis.scan_iter(match=f"{namespace}:*")]
-    if keys:
-        await redis.delete(*keys)
 
 
 def entry(engine_id: str, running: int = 0, waiting: int = 0, kv: float = 0.0) -> EngineEntry:
@@ -66,13 +43,9 @@ async def test_entries_expire_after_the_ttl(redis, prefix):
     assert await redis.hlen(f"{prefix}:engines:entries") == 0
 
 
-async def test_a_second_client_sees_the_same_engines(redis, prefix):
-    other = Redis.from_url(REDIS_URL, decode_responses=True)
-    try:
-        await EngineRegistry(redis, prefix=prefix).heartbeat(entry("a"))
-        assert await EngineRegistry(other, prefix=prefix).list_live() == [entry("a")]
-    finally:
-        await other.aclose()
+async def test_a_second_client_sees_the_same_engines(redis, other_redis, prefix):
+    await EngineRegistry(redis, prefix=prefix).heartbeat(entry("a"))
+    assert await EngineRegistry(other_redis, prefix=prefix).list_live() == [entry("a")]
 
 
 async def test_deregister_removes_at_once(redis, prefix):
@@ -113,7 +86,7 @@ async def test_interval_must_be_shorter_than_ttl(redis, prefix):
 
 
 async def test_client_without_decoded_responses_is_refused():
-    client = Redis.from_url(REDIS_URL)
+    client = Redis.from_url(os.environ.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0"))
     with pytest.raises(ValueError, match="decode_responses=True"):
         EngineRegistry(client)
     await client.aclose()

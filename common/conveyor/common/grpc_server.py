@@ -91,8 +91,10 @@ async def serve_until_signalled(
     service: GrpcService,
     settings: ServiceSettings,
     on_drained: Callable[[], Awaitable[None]] | None = None,
+    on_signal: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Run until SIGTERM or SIGINT, then drain gracefully and call on_drained."""
+    """Run until SIGTERM or SIGINT, then call on_signal (before the drain: e.g. leave a
+    registry so no new calls come), drain gracefully and call on_drained."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -101,6 +103,8 @@ async def serve_until_signalled(
     print(f"CONVEYOR_LISTENING port={service.port}", flush=True)
     log.info("serving %s on %s:%d", ", ".join(service.names), settings.host, service.port)
     await stop.wait()
+    if on_signal is not None:
+        await on_signal()
     log.info("draining (up to %.1fs for in-flight calls)", settings.drain_timeout_s)
     await service.drain(settings.drain_timeout_s)
     if on_drained is not None:
