@@ -23,6 +23,7 @@ from conveyor.engine.engine_stats import EngineStats
 from conveyor.engine.isolating_runner import IsolatingRunner, ModelRunnerLike
 from conveyor.engine.iteration_stats import IterationStats
 from conveyor.engine.request_delta import RequestDelta
+from conveyor.engine.request_timing import PrefillChunk, RequestTiming
 from conveyor.engine.step_result import StepResult
 from conveyor.engine.tracked_request import TrackedRequest
 
@@ -87,7 +88,8 @@ class EngineCore:
             params = dataclasses.replace(params, n=1, seed=seed)
         scheduled = Request(request_id, list(request.prompt_token_ids), params,
                             priority=request.priority, cache_salt=request.cache_salt)
-        return TrackedRequest(scheduled, request.request_id, index, request.arrival_time)
+        return TrackedRequest(scheduled, request.request_id, index,
+                              RequestTiming(request.arrival_time))
 
     def _submit(self, tracked: TrackedRequest) -> None:
         self.scheduler.add_request(tracked.request)
@@ -110,23 +112,42 @@ class EngineCore:
         result = StepResult()
         scheduler_output = self.scheduler.schedule()
         result.num_scheduled_tokens = scheduler_output.num_batched_tokens
-        self._mark_scheduled(scheduler_output.scheduled, time.monotonic(), result.iteration)
+        now = time.monotonic()
+        self._mark_preempted(scheduler_output.preempted_request_ids, now)
+        prefills = self._mark_scheduled(scheduler_output.scheduled, now, result.iteration)
         if scheduler_output.is_empty:  # close the step: aborts in it free their blocks now
             self.scheduler.update_from_output(scheduler_output, ModelRunnerOutput())
             return result
         executed = self._runner.execute(scheduler_output)
+        _end_chunks(prefills, time.monotonic())
         failed = self._abort_failed(executed.failures)
         updates = self.scheduler.update_from_output(scheduler_output, executed.output)
         result.deltas = [*failed, *self._collect(updates, result.iteration)]
         return result
 
     def _mark_scheduled(self, scheduled: list[ScheduledRequest], now: float,
-                        iteration: IterationStats) -> None:
+                        iteration: IterationStats) -> list[PrefillChunk]:
+        """Note first schedules (queue time) and open this step's prefill chunks."""
+        prefills = []
         for item in scheduled:
             tracked = self._tracked.get(item.request_id)
-            if tracked is not None and tracked.first_scheduled_time is None:
-                tracked.first_scheduled_time = now
-                iteration.queue_time.append(now - tracked.arrival_time)
+            if tracked is None:
+                continue
+            timing = tracked.timing
+            if timing.first_scheduled_time is None:
+                timing.first_scheduled_time = now
+                iteration.queue_time.append(now - timing.arrival_time)
+            if _is_prefill(item):
+                chunk = PrefillChunk(now, item.num_computed_tokens, len(item.token_ids))
+                timing.prefill_chunks.append(chunk)
+                prefills.append(chunk)
+        return prefills
+
+    def _mark_preempted(self, request_ids: list[str], now: float) -> None:
+        for request_id in request_ids:
+            tracked = self._tracked.get(request_id)
+            if tracked is not None:
+                tracked.timing.preemption_times.append(now)
 
     def _collect(self, updates: list[RequestUpdate], iteration: IterationStats
                  ) -> list[RequestDelta]:
@@ -162,16 +183,20 @@ class EngineCore:
 
     def _record_timing(self, tracked: TrackedRequest, delta: RequestDelta, now: float,
                        iteration: IterationStats) -> None:
+        timing = tracked.timing
         if delta.new_token_ids:
             iteration.num_generation_tokens += len(delta.new_token_ids)
-            if tracked.last_token_time is None:
-                iteration.time_to_first_token.append(now - tracked.arrival_time)
+            if timing.last_token_time is None:
+                iteration.time_to_first_token.append(now - timing.arrival_time)
                 iteration.num_prompt_tokens += delta.num_prompt_tokens
+                timing.first_token_time = now
             else:
-                iteration.inter_token_latency.append(now - tracked.last_token_time)
-            tracked.last_token_time = now
+                iteration.inter_token_latency.append(now - timing.last_token_time)
+            timing.last_token_time = now
         if delta.finished:
-            iteration.e2e_latency.append(now - tracked.arrival_time)
+            iteration.e2e_latency.append(now - timing.arrival_time)
+            timing.finish_time = now
+            delta.timing = timing
 
     def _finish(self, tracked: TrackedRequest) -> None:
         """Forget a finished scheduler request (the scheduler has freed its blocks)."""
@@ -222,6 +247,17 @@ class EngineCore:
     @property
     def _num_held_siblings(self) -> int:
         return sum(len(held) for held in self._held_siblings.values())
+
+
+def _is_prefill(item: ScheduledRequest) -> bool:
+    """True unless the step computes just the latest sampled token (a decode step)."""
+    num_known = len(item.prompt_token_ids) + len(item.output_token_ids)
+    return not item.output_token_ids or item.num_computed_tokens < num_known - 1
+
+
+def _end_chunks(chunks: list[PrefillChunk], now: float) -> None:
+    for chunk in chunks:
+        chunk.end_time = now
 
 
 def _stop_token_of(request: Request, update: RequestUpdate) -> int | None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from conveyor.engine.core.request import FinishReason
 from conveyor.engine.core.scheduler_output import SampledToken
+from conveyor.engine.request_timing import RequestTiming
 
 
 @dataclass(slots=True)
@@ -28,6 +29,9 @@ class RequestDelta:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    timing: RequestTiming | None = None
+    """On a sample's final delta: when it arrived, was scheduled, prefilled, preempted,
+    decoded and finished (what its trace spans are made of)."""
 
     @property
     def finished(self) -> bool:

@@ -3,6 +3,8 @@
 Generate: INVALID_ARGUMENT (with conveyor-error-reason metadata) for a bad
 request, INTERNAL when the model failed it, ALREADY_EXISTS for a request id in
 flight, UNAVAILABLE while shutting down. A cancelled stream aborts the request.
+Each finished sample leaves queue / prefill / decode spans under the call's span
+(request_tracing).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from conveyor.engine.core.errors import DuplicateRequestId
 from conveyor.engine.core.request import FinishReason
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.request_delta import RequestDelta
+from conveyor.engine.request_tracing import RequestSpans
 from conveyor.engine.request_validation import InvalidRequestError, validate_request
 from conveyor.engine.sampling_params import InvalidSamplingParams, SamplingParams
 from conveyor.v1 import engine_pb2, engine_pb2_grpc
@@ -47,8 +50,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             reason = getattr(exc, "reason", INVALID_REQUEST)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
                                 trailing_metadata=((ERROR_REASON_KEY, reason),))
+        spans = RequestSpans(engine_request, self.engine.info)
         try:
             async for delta in self.engine.generate(engine_request):
+                spans.observe(delta)
                 yield to_response(delta)
         except RequestFailedError as exc:
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from conveyor.engine.core.request import Request
+from conveyor.engine.request_timing import RequestTiming
 
 
 @dataclass(slots=True, eq=False)
@@ -12,17 +13,15 @@ class TrackedRequest:
     """A scheduler request plus what the engine has already reported about it.
 
     `parent_id` / `index` are the caller's request id and the sample index (n > 1
-    fans one caller request out into several scheduler requests). Times are
-    `time.monotonic()` seconds; None until the event happened. They are where the
-    request's queue / prefill / decode trace spans will be cut from.
+    fans one caller request out into several scheduler requests). `timing` is where
+    the request's queue / prefill / decode trace spans are cut from; it travels to
+    the caller with the final delta.
     """
 
     request: Request
     parent_id: str
     index: int
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    last_token_time: float | None = None
+    timing: RequestTiming
 
     @property
     def request_id(self) -> str:
