@@ -160,8 +160,10 @@ class Launcher:
 
     def engines(self, *names: str, **settings: str) -> list[ServiceProcess]:
         """Small engine processes (started in parallel), each with its name as engine id;
-        `settings` by field name, e.g. MAX_NUM_SEQS="2"."""
-        settings = {"MAX_MODEL_LEN": "512", "KV_CACHE_GIB": "0.1", **settings}
+        `settings` by field name, e.g. MAX_NUM_SEQS="2". Engines register in a Redis
+        namespace no gateway reads unless REDIS_PREFIX names the gateways' one."""
+        settings = {"MAX_MODEL_LEN": "512", "KV_CACHE_GIB": "0.1", "REDIS_URL": REDIS_URL,
+                    "REDIS_PREFIX": f"{REDIS_PREFIX}:unseen", **settings}
         processes = [_model_service("engine", self._log_dir, name=name, ENGINE_ID=name,
                                     **settings) for name in names]
         with ThreadPoolExecutor(len(processes)) as pool:
