@@ -15,6 +15,7 @@ from conveyor.common.tracing import setup_tracing
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.engine.engine_factory import build_engine_core
 from conveyor.engine.metrics import EngineMetrics
+from conveyor.engine.registration import Registration, build_registration
 from conveyor.engine.servicer import SERVICE_NAME, EngineServicer
 from conveyor.engine.settings import EngineSettings
 from conveyor.v1 import engine_pb2_grpc
@@ -38,7 +39,8 @@ def start_metrics(settings: EngineSettings, model: str, engine_id: str) -> Engin
 
 
 async def serve(settings: EngineSettings) -> None:
-    """Run the service until SIGTERM or SIGINT, drain in-flight streams, stop the loop."""
+    """Serve and register in the engine registry until SIGTERM or SIGINT; then leave the
+    registry (no new requests are routed here), drain in-flight streams, stop the loop."""
     setup_logging("engine", settings.log_level, settings.log_json)
     setup_tracing("conveyor-engine")
     core = await asyncio.to_thread(build_engine_core, settings)
@@ -48,8 +50,13 @@ async def serve(settings: EngineSettings) -> None:
     async def stop_engine() -> None:
         await asyncio.to_thread(engine.shutdown)
 
+    entry: Registration | None = None
     try:
         service = await start_grpc_server(settings, [registration(engine)])
-        await serve_until_signalled(service, settings, on_drained=stop_engine)
+        entry = build_registration(settings, engine, service.port)
+        if entry is not None:
+            await entry.start()
+        await serve_until_signalled(service, settings, on_drained=stop_engine,
+                                    on_signal=entry.stop if entry is not None else None)
     finally:
         engine.shutdown()
