@@ -134,6 +134,14 @@ async def test_the_timeline_of_a_request(gateway):
     assert timeline["engine_id"] == served.headers["x-conveyor-engine"]
 
 
+async def test_a_rejected_request_has_a_finished_timeline(gateway):
+    async with gateway.client() as client:
+        refused = await client.post("/v1/chat/completions", json={**CHAT, "model": "other"})
+        timeline = await _finished_timeline(client, refused.headers["x-request-id"])
+    assert refused.status_code == 404
+    assert timeline["finish_reason"] == "rejected" and timeline["admitted"] is None
+
+
 async def _finished_timeline(client, request_id: str, timeout_s: float = 2.0) -> dict:
     """The finish is written as the stream closes, just after the last byte went out."""
     deadline = asyncio.get_running_loop().time() + timeout_s

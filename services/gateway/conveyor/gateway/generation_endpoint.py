@@ -28,6 +28,7 @@ from conveyor.gateway.cancellation import ClientDisconnected, race_client
 from conveyor.gateway.choices import ChoiceStreams, started
 from conveyor.gateway.engine_records import GenerateJob
 from conveyor.gateway.errors import APIError, to_api_error, unavailable
+from conveyor.gateway.genai_span import describe_generation, record_usage
 from conveyor.gateway.generation import generate
 from conveyor.gateway.metrics import DISCONNECTED_STATUS, RequestRecord
 from conveyor.gateway.model_catalog import ServedModel
@@ -136,7 +137,11 @@ class _Admitted:
 
 
 async def _respond(current: _Request, request: Request) -> Response:
-    admitted = await _admit(current, request)
+    try:
+        admitted = await _admit(current, request)
+    except BaseException:
+        await current.timeline.finish(None, "rejected")  # a no-op before authentication
+        raise
     try:
         return await _route_and_generate(current, admitted)
     except BaseException as error:
@@ -193,6 +198,8 @@ async def _generate(current: _Request, admitted: _Admitted, engine: EngineEntry)
     choices = _start_choices(current, engine, admitted)
     await current.timeline.mark(Stage.QUEUED, engine_id=engine.engine_id)
     fmt = current.kind.format(current.request_id, admitted.model.name, num_top_logprobs(body))
+    describe_generation(current.kind.name, admitted.model.name, body.requested_max_tokens,
+                        current.request_id)
     usage = current.usage = UsageTotals([p.num_tokens for p in admitted.prompts], body.n)
     close = partial(_close, current, choices, admitted.admission, usage)
     try:
@@ -246,6 +253,7 @@ async def _close(current: _Request, choices: ChoiceStreams, admission: TenantAdm
     if status == DISCONNECTED_STATUS:
         log.info("client went away mid-stream; generation cancelled")
     reason = usage.finish_reason if status == 200 else _unfinished_reason(status)
+    record_usage(usage, reason or "unknown", current.headers.get(ENGINE_HEADER))
     await _settle(admission, _Spent(usage.num_tokens_spent))
     await current.timeline.finish(usage, reason or "unknown")
 

@@ -33,11 +33,8 @@ class TimelineWriter:
 
     async def mark(self, stage: Stage, **values: int | str) -> None:
         """`stage` happened now; `values` are recorded with it (see TimelineStore.record)."""
-        if not self._started:
-            return
-        await self._write(self._store.mark, stage)
-        if values:
-            await self._write(self._store.record, **values)
+        if self._started:
+            await self._write(self._store.mark, stage, **values)
 
     async def finish(self, usage: UsageTotals | None, finish_reason: str) -> None:
         """The request is over: what it produced and why it stopped."""

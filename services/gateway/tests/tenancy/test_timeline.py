@@ -35,6 +35,15 @@ async def test_a_request_timeline_reads_back_its_stages_and_usage(store):
     assert body["tenant_id"] == "acme"
 
 
+async def test_a_stage_and_its_values_in_one_mark(store):
+    await store.start("req-1", "acme", arrival=100.0)
+    await store.mark("req-1", Stage.QUEUED, at=100.5, engine_id="engine-b")
+    timeline = await store.get("req-1", "acme")
+    assert (timeline.queued, timeline.engine_id) == (100.5, "engine-b")
+    with pytest.raises(ValueError, match="not timeline fields"):
+        await store.mark("req-1", Stage.FINISHED, tenant_id="someone-else")
+
+
 async def test_unreached_stages_are_none(store):
     await store.start("req-1", "acme")
     timeline = await store.get("req-1", "acme")

@@ -84,17 +84,18 @@ class TimelineStore:
         when = time.time() if arrival is None else arrival
         await self._write(request_id, {"tenant_id": tenant_id, Stage.ARRIVAL: when})
 
-    async def mark(self, request_id: str, stage: Stage, at: float | None = None) -> None:
-        """Record that `stage` happened (now, unless `at` says when)."""
-        await self._write(request_id, {Stage(stage): time.time() if at is None else at})
+    async def mark(self, request_id: str, stage: Stage, at: float | None = None,
+                   **values: int | str) -> None:
+        """Record that `stage` happened (now, unless `at` says when), and `values`
+        (as `record` takes them) in the same write."""
+        _check_recordable(values)
+        await self._write(request_id, {Stage(stage): time.time() if at is None else at,
+                                       **values})
 
     async def record(self, request_id: str, **values: int | str) -> None:
         """Record usage and outcome: num_prompt_tokens, num_completion_tokens,
         num_cached_tokens, engine_id, finish_reason."""
-        unknown = set(values) - _RECORDABLE
-        if unknown:
-            raise ValueError(f"not timeline fields: {sorted(unknown)}; known: "
-                             f"{sorted(_RECORDABLE)}")
+        _check_recordable(values)
         await self._write(request_id, values)
 
     async def get(self, request_id: str, tenant_id: str) -> RequestTimeline:
@@ -115,6 +116,12 @@ class TimelineStore:
 
     def _key(self, request_id: str) -> str:
         return f"{self._prefix}:timeline:{request_id}"
+
+
+def _check_recordable(values: dict[str, Any]) -> None:
+    unknown = set(values) - _RECORDABLE
+    if unknown:
+        raise ValueError(f"not timeline fields: {sorted(unknown)}; known: {sorted(_RECORDABLE)}")
 
 
 def _parse(annotation: str, text: str) -> Any:
