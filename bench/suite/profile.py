@@ -35,7 +35,7 @@ class Profile:
 
 FULL = Profile(
     name="full", concurrency_levels=(1, 4, 8, 16, 32, 64), input_len=256, output_len=64,
-    prompts_per_slot=2, min_prompts=4, level_duration_s=60.0,
+    prompts_per_slot=2, min_prompts=4, level_duration_s=45.0,
     prefix_len=1000, prefix_question_len=24, prefix_requests=5,
     chunk_budget=256, long_prompt_len=2000, num_streams=4,
     roofline_tokens=(1, 16, 64, 256, 512), roofline_min_time_s=0.3, kv_requests=400,

@@ -10,6 +10,8 @@ import contextlib
 import gc
 import importlib.util
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +31,12 @@ class HttpTarget:
 
     name: str
     base_url: str
+    api_key: str | None = None
 
     def run(self, requests: list[BenchRequest], concurrency: int, num_warmup: int = 1,
             duration_s: float | None = None) -> tuple[BenchmarkMetrics, list[RequestResult]]:
         config = RunConfig(base_url=self.base_url, max_concurrency=concurrency,
-                           num_warmup=num_warmup, duration_s=duration_s)
+                           num_warmup=num_warmup, duration_s=duration_s, api_key=self.api_key)
         return run(requests, config)
 
 
@@ -74,18 +77,36 @@ def _torch_free_env() -> dict[str, str]:
     return helper() if helper else {}
 
 
+def ensure_redis() -> None:
+    """The gateway keeps quotas and routing in Redis: use the running one or start it."""
+    subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "ensure_redis.py")], check=True)
+
+
+def gateway_bench_env() -> dict[str, str]:
+    """Auth off (the anonymous tenant's tier is unlimited) and Redis keys of this run only,
+    so no quota limits the benchmark and no other stack's engines or bindings are seen.
+    With BENCH_API_KEY set, auth stays on and that key is sent instead."""
+    env = {"CONVEYOR_GATEWAY_REDIS_PREFIX": f"conveyor-bench-{os.getpid()}",
+           "CONVEYOR_ENGINE_REDIS_PREFIX": f"conveyor-bench-{os.getpid()}"}
+    if not os.environ.get("BENCH_API_KEY"):
+        env["CONVEYOR_GATEWAY_AUTH_ENABLED"] = "false"
+    return env
+
+
 @contextlib.contextmanager
 def conveyor_pipeline(log_dir: Path, engine_env: dict[str, str] | None = None,
                       timeout_s: float = 600) -> Iterator[HttpTarget]:
     """Tokenizer, engine, detok and gateway as processes on free ports; stopped on exit."""
     log_dir.mkdir(parents=True, exist_ok=True)
+    ensure_redis()
+    shared = gateway_bench_env()
     started = []
     try:
         tokenizer = _service("conveyor.tokenizer", {"CONVEYOR_TOKENIZER_PORT": "0",
                                                     **_torch_free_env()}, log_dir)
         engine = _service("conveyor.engine", {"CONVEYOR_ENGINE_PORT": "0",
                                               "CONVEYOR_ENGINE_METRICS_PORT": "0",
-                                              **(engine_env or {})}, log_dir)
+                                              **shared, **(engine_env or {})}, log_dir)
         detok = _service("conveyor.detok", {"CONVEYOR_DETOK_PORT": "0", **_torch_free_env()},
                          log_dir)
         for process in (tokenizer, engine, detok):
@@ -94,10 +115,11 @@ def conveyor_pipeline(log_dir: Path, engine_env: dict[str, str] | None = None,
             "CONVEYOR_GATEWAY_PORT": "0",
             "CONVEYOR_GATEWAY_TOKENIZER_ADDRESS": tokenizer.address,
             "CONVEYOR_GATEWAY_ENGINE_ADDRESSES": engine.address,
-            "CONVEYOR_GATEWAY_DETOK_ADDRESS": detok.address,
+            "CONVEYOR_GATEWAY_DETOK_ADDRESS": detok.address, **shared,
         }, log_dir)
         started.append(gateway.start(timeout_s))
-        yield HttpTarget("conveyor", f"http://127.0.0.1:{gateway.port}")
+        yield HttpTarget("conveyor", f"http://127.0.0.1:{gateway.port}",
+                         os.environ.get("BENCH_API_KEY"))
     finally:
         for process in reversed(started):
             process.stop()

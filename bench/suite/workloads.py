@@ -12,14 +12,21 @@ from bench.suite.profile import Profile
 
 
 def concurrency_sweep(target, maker: PromptMaker, profile: Profile, log=print) -> list[dict]:
-    """Random prompts (input_len in, output_len out, ignore_eos) at each concurrency."""
+    """Random prompts (input_len in, output_len out, ignore_eos) at each concurrency.
+
+    A short burst first (not measured) lets the server reach its steady state: threads
+    spun up, kernels chosen for several batch sizes, KV memory touched.
+    """
+    burst = min(max(profile.concurrency_levels), 16)
+    target.run(maker.random_requests(burst, profile.input_len, 4), burst, num_warmup=0)
     points = []
     for concurrency in profile.concurrency_levels:
         num = profile.num_prompts(concurrency)
         requests = maker.random_requests(num, profile.input_len, profile.output_len)
-        metrics, _ = target.run(requests, concurrency, num_warmup=1,
+        metrics, results = target.run(requests, concurrency, num_warmup=1,
                                 duration_s=profile.level_duration_s)
         log(format_metrics(f"{target.name} concurrency {concurrency}", metrics))
+        _check_prompt_counts(target.name, results, log)
         points.append({"concurrency": concurrency, **metrics.as_dict()})
     return points
 
@@ -43,3 +50,11 @@ def prefix_cold_warm(target, maker: PromptMaker, profile: Profile, log=print) ->
     log(f"{target.name} prefix {profile.prefix_len}: TTFT p50 cold "
         f"{cold_metrics.ttft.p50:.1f} ms, warm {warm_metrics.ttft.p50:.1f} ms")
     return result
+
+
+def _check_prompt_counts(name: str, results, log) -> None:
+    """Warn when the server counted prompt tokens differently from the benchmark."""
+    off = [r for r in results if r.prompt_tokens_reported not in (None, r.prompt_len)]
+    if off:
+        log(f"WARNING {name}: {len(off)} requests' usage.prompt_tokens differ from the prompt "
+            f"length (e.g. {off[0].prompt_tokens_reported} vs {off[0].prompt_len})")
