@@ -68,8 +68,12 @@ class Suite:
             self.results["errors"][name] = f"{type(exc).__name__}: {str(exc)[:400]}"
 
     def roofline(self) -> None:
-        from bench.roofline import format_roofline, load_model_config, run_roofline
+        import torch
 
+        from bench.roofline import engine_threads, format_roofline, load_model_config, run_roofline
+
+        if engine_threads():  # the engine's thread count, for this process's matmuls too
+            torch.set_num_threads(engine_threads())
         result = run_roofline(load_model_config(MODEL), ["float32", "bfloat16"],
                               self.profile.roofline_tokens, self.profile.roofline_min_time_s)
         print(format_roofline(result))

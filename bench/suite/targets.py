@@ -128,11 +128,13 @@ def conveyor_pipeline(log_dir: Path, engine_env: dict[str, str] | None = None,
 @contextlib.contextmanager
 def hf_static_server(log_dir: Path, max_batch_size: int = 64,
                      timeout_s: float = 300) -> Iterator[HttpTarget]:
-    """Baseline (a) as a process on a free port; stopped on exit."""
+    """Baseline (a) as a process on a free port, with the engine's torch threads; stopped
+    on exit."""
     log_dir.mkdir(parents=True, exist_ok=True)
     pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     process = _service("bench.baselines.hf_static_server", {
         "BENCH_HF_PORT": "0", "BENCH_HF_MAX_BATCH_SIZE": str(max_batch_size),
+        "BENCH_HF_THREADS": os.environ.get("CONVEYOR_ENGINE_TORCH_THREADS", "0"),
         "PYTHONPATH": pythonpath}, log_dir)
     try:
         process.start(timeout_s)
