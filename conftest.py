@@ -39,6 +39,12 @@ async def _connect_redis(**options) -> Redis:
     return client
 
 
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """REDIS_URL, for processes and settings that connect on their own."""
+    return REDIS_URL
+
+
 @pytest.fixture
 async def redis():
     """A client of the real Redis, decoding responses to str."""

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 import sys
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
-from redis.asyncio import Redis
 
 from conveyor.gateway.app import create_app
 from conveyor.gateway.settings import GatewaySettings
@@ -64,31 +61,17 @@ async def _serve(settings: GatewaySettings):
     return app, server, task
 
 
-REDIS_URL = os.environ.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
 @pytest.fixture
-async def redis_prefix():
-    """A fresh Redis key namespace for one test's gateways, deleted afterwards."""
-    namespace = f"test:{uuid.uuid4().hex}"
-    yield namespace
-    client = Redis.from_url(REDIS_URL, decode_responses=True)
-    keys = [key async for key in client.scan_iter(match=f"{namespace}:*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
-
-
-@pytest.fixture
-async def gateway_factory(fakes, redis_prefix):
-    """Gateways over the fakes and the real Redis; auth off unless overridden."""
+async def gateway_factory(fakes, redis_url, prefix):
+    """Gateways over the fakes and the real Redis (in the test's namespace `prefix`);
+    auth off unless overridden."""
     started = []
 
     async def start(**overrides) -> Gateway:
         settings = GatewaySettings(**{
             "port": 0, "tokenizer_address": fakes.address("tokenizer"),
             "engine_addresses": fakes.address("engine"), "detok_address": fakes.address("detok"),
-            "redis_url": REDIS_URL, "redis_prefix": redis_prefix, "auth_enabled": False,
+            "redis_url": redis_url, "redis_prefix": prefix, "auth_enabled": False,
             **overrides,
         })
         app, server, task = await _serve(settings)

@@ -4,30 +4,24 @@ list while none has registered, and around an engine it just failed to reach
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from redis.asyncio import Redis
 
 from conveyor.common.engine_registry import EngineEntry, EngineLoad, EngineRegistry
 
-REDIS_URL = os.environ.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0")
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 3}
 
 
 @pytest.fixture
-async def register(redis_prefix):
+def register(redis, prefix):
     """`await register(engine_id, address)`: one heartbeat, as a live engine sends it."""
-    redis = Redis.from_url(REDIS_URL, decode_responses=True)
-    registry = EngineRegistry(redis, prefix=redis_prefix)
+    registry = EngineRegistry(redis, prefix=prefix)
 
     async def beat(engine_id: str, address: str, num_running: int = 0) -> None:
         await registry.heartbeat(EngineEntry(engine_id, address, "fake-model",
                                              EngineLoad(num_running=num_running)))
 
-    yield beat
-    await redis.aclose()
+    return beat
 
 
 async def _engine_of(gateway, **headers) -> str:

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import pytest
-from redis.asyncio import Redis
 
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
 from conveyor.gateway.tenancy.tiers import build_tiers
 
-REDIS_URL = os.environ.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0")
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 5}
 ONE_AT_A_TIME = {"solo": {"priority": 5, "requests_per_minute": None,
@@ -29,16 +26,13 @@ def error_of(response, status: int) -> dict:
 
 
 @pytest.fixture
-def create_key(redis_prefix):
-    """`await create_key(tenant, tier)`: a key in the gateways' Redis namespace."""
+def create_key(redis, prefix):
+    """`await create_key(tenant, tier)`: auth headers of a new key in the gateways'
+    Redis namespace."""
+    store = ApiKeyStore(redis, build_tiers(ONE_AT_A_TIME), prefix=prefix)
+
     async def create(tenant: str, tier: str) -> dict[str, str]:
-        redis = Redis.from_url(REDIS_URL, decode_responses=True)
-        try:
-            store = ApiKeyStore(redis, build_tiers(ONE_AT_A_TIME), prefix=redis_prefix)
-            key = (await store.create(tenant, tier)).key
-        finally:
-            await redis.aclose()
-        return {"Authorization": f"Bearer {key}"}
+        return {"Authorization": f"Bearer {(await store.create(tenant, tier)).key}"}
 
     return create
 
