@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from conveyor.gateway.errors import APIError, internal_error
+from conveyor.gateway.genai_span import RequestSpanMiddleware
 from conveyor.gateway.generation_endpoint import error_response
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.routes import router
@@ -34,6 +35,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     app = FastAPI(title="Conveyor", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.include_router(router)
+    app.add_middleware(RequestSpanMiddleware)
     _add_error_handlers(app)
     return app
 
