@@ -41,7 +41,7 @@ class GatewayServer(uvicorn.Server):
 def main() -> None:
     settings = GatewaySettings()
     setup_logging("gateway", settings.log_level, settings.log_json)
-    setup_tracing("gateway")
+    setup_tracing("conveyor-gateway")
     app = create_app(settings)
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_config=None, access_log=False,
