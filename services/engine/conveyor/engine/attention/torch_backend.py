@@ -1,40 +1,22 @@
 """Paged attention in plain torch: the CPU path and the reference for the others.
 
-Vectorized over the batch: each request's context is gathered from the pool
-into a padded [B, S] grid (S = longest context in the step), queries into a
-padded [B, L] grid (L = longest query in the step), and one masked
-scaled_dot_product_attention call serves prefill chunks and decode tokens
-together. Memory per layer is O(B * S * Hkv * D) for the gathered context.
+Vectorized per group of requests (torch_plan.py): decode tokens in one SDPA call
+as [Bd, H, 1, S], prefill chunks in another as a padded [Bp, H, L, S] grid. Each
+group's context is gathered from the pool block by block into [B, Hkv, S, D];
+the additive mask (built once per step) hides padding and the future. Memory per
+layer is O(B * S * Hkv * D) for the gathered context.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from conveyor.engine.attention.backend import AttentionSpec
 from conveyor.engine.attention.metadata import AttentionMetadata
+from conveyor.engine.attention.torch_plan import AttentionGroup, TorchAttentionPlan, build_plan
 
-
-@dataclass(slots=True)
-class TorchAttentionPlan:
-    """Indices and mask shared by all layers of one step."""
-
-    slot_mapping: torch.Tensor
-    """[T] new tokens' slots."""
-    context_slots: torch.Tensor
-    """[B * S] slot of every (request, context position); padding is masked."""
-    token_request: torch.Tensor
-    """[T] batch row of each flat token."""
-    token_column: torch.Tensor
-    """[T] index of each flat token inside its request's query."""
-    mask: torch.Tensor
-    """[B, 1, L, S] True where a query may attend a context position."""
-    num_requests: int
-    max_query_len: int
-    max_seq_len: int
+__all__ = ["TorchAttentionBackend", "TorchAttentionPlan", "paged_attention", "store_kv"]
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -45,60 +27,50 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
     kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
 
-def build_plan(meta: AttentionMetadata, sliding_window: int | None) -> TorchAttentionPlan:
-    device = meta.seq_lens.device
-    context_pos = torch.arange(meta.max_seq_len, device=device)
-    blocks = meta.block_tables[:, context_pos // meta.block_size].long()
-    context_slots = blocks * meta.block_size + context_pos % meta.block_size
-    query_lens = meta.query_start_loc[1:] - meta.query_start_loc[:-1]
-    first_query_pos = meta.seq_lens - query_lens
-    query_pos = first_query_pos[:, None] + torch.arange(meta.max_query_len, device=device)
-    mask = _attention_mask(context_pos, query_pos, meta.seq_lens, sliding_window)
-    token_column = torch.arange(meta.num_tokens, device=device) - meta.query_start_loc[
-        meta.token_request]
-    return TorchAttentionPlan(
-        slot_mapping=meta.slot_mapping, context_slots=context_slots.reshape(-1),
-        token_request=meta.token_request, token_column=token_column,
-        mask=mask.unsqueeze(1), num_requests=meta.num_requests,
-        max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len)
-
-
-def _attention_mask(context_pos: torch.Tensor, query_pos: torch.Tensor, seq_lens: torch.Tensor,
-                    sliding_window: int | None) -> torch.Tensor:
-    """[B, L, S]: causal within the request's context. A padding query row (past
-    its request's query length) still sees position 0, so no row is all-False."""
-    keys = context_pos[None, None, :]
-    queries = query_pos[:, :, None]
-    mask = (keys <= queries) & (keys < seq_lens[:, None, None])
-    if sliding_window is not None:
-        mask &= keys > queries - sliding_window
-    return mask
-
-
 def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, plan: TorchAttentionPlan,
                     spec: AttentionSpec) -> torch.Tensor:
     """Attend query [T, H, D] over the context the plan gathers; returns [T, H, D]."""
-    batch, length = plan.num_requests, plan.max_query_len
-    padded_q = query.new_zeros(batch, length, spec.num_heads, spec.head_dim)
-    padded_q[plan.token_request, plan.token_column] = query
-    keys = _gather_context(kv_cache[0], plan, spec)
-    values = _gather_context(kv_cache[1], plan, spec)
+    if len(plan.groups) == 1 and plan.groups[0].token_index is None:
+        return _attend_group(query, kv_cache, plan.groups[0], spec)
+    out = torch.empty_like(query)
+    for group in plan.groups:
+        out.index_copy_(0, group.token_index,
+                        _attend_group(query.index_select(0, group.token_index), kv_cache,
+                                      group, spec))
+    return out
+
+
+def _attend_group(query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionGroup,
+                  spec: AttentionSpec) -> torch.Tensor:
+    """query [Tg, H, D] of the group's tokens -> [Tg, H, D]."""
+    rows, length = group.num_rows, group.query_len
+    if group.query_index is None:
+        grid = query.unsqueeze(1)  # [B, 1, H, D]
+    else:
+        grid = query.new_zeros(rows * length, spec.num_heads, spec.head_dim)
+        grid.index_copy_(0, group.query_index, query)
+        grid = grid.view(rows, length, spec.num_heads, spec.head_dim)
+    keys = _gather_context(kv_cache[0], group, spec)
+    values = _gather_context(kv_cache[1], group, spec)
     out = F.scaled_dot_product_attention(
-        padded_q.transpose(1, 2), keys, values, attn_mask=plan.mask, scale=spec.scale,
-        enable_gqa=spec.num_queries_per_kv > 1)
-    return out.transpose(1, 2)[plan.token_request, plan.token_column]
+        grid.transpose(1, 2), keys, values, attn_mask=group.mask, scale=spec.scale,
+        enable_gqa=spec.num_queries_per_kv > 1).transpose(1, 2)
+    if group.query_index is None:
+        return out.squeeze(1)
+    return out.reshape(rows * length, spec.num_heads, spec.head_dim).index_select(
+        0, group.query_index)
 
 
-def _gather_context(cache: torch.Tensor, plan: TorchAttentionPlan,
+def _gather_context(cache: torch.Tensor, group: AttentionGroup,
                     spec: AttentionSpec) -> torch.Tensor:
-    """[B, Hkv, S, D] context rows of one half (keys or values) of the pool."""
-    rows = cache.view(-1, spec.num_kv_heads, spec.head_dim).index_select(0, plan.context_slots)
-    return rows.view(plan.num_requests, plan.max_seq_len, spec.num_kv_heads,
-                     spec.head_dim).transpose(1, 2)
+    """[B, Hkv, S, D] context of one half (keys or values) of the pool, by whole blocks."""
+    blocks = cache.index_select(0, group.block_ids)  # [B * W, block_size, Hkv, D]
+    return blocks.view(group.num_rows, group.context_len, spec.num_kv_heads,
+                       spec.head_dim).transpose(1, 2)
 
 
 class TorchAttentionBackend:
-    """Backend `torch`: index_copy_ store plus one masked SDPA call per layer."""
+    """Backend `torch`: index_copy_ store plus one masked SDPA call per group and layer."""
 
     name = "torch"
 

@@ -1,0 +1,178 @@
+"""Engine micro-benchmark: the offline engine on issue 7's workloads, optionally A/B.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.engine_step_bench [--hf] [--threads N]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.engine_step_bench --against /tmp/base --rounds 3
+
+Workloads (random token prompts, greedy, ignore_eos):
+  conc-N   N prompts of 256 tokens, 64 output tokens each, in one `generate` call:
+           output tok/s, and model GFLOP/s over prompt + output tokens (bench.roofline's
+           definition: 2 x linear parameters x tokens/s).
+  single   one 256-token prompt, 64 output tokens: decode tok/s after the first token.
+  prefix   TTFT of a 1,000-token system prompt + a short question, cold then warm.
+With --hf the same conc-N and single workloads run through transformers `generate`
+(static batching, same dtype and threads) in the same process.
+
+--against DIR runs this script alternately against DIR's services/engine (a checkout of
+the baseline, e.g. `git worktree add /tmp/base HEAD~1`) and this tree, --rounds times,
+in fresh processes, and prints the candidate/baseline ratio per workload per round:
+the machine is shared, so only side-by-side ratios mean much.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROMPT_LEN, OUTPUT_LEN, SYSTEM_LEN = 256, 64, 1000
+
+
+def random_prompts(count: int, length: int, seed: int, vocab: int = 49152) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab) for _ in range(length)] for _ in range(count)]
+
+
+def conveyor_generate(llm, prompts: list[list[int]], max_tokens: int) -> float:
+    from conveyor.engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return time.perf_counter() - start
+
+
+def conveyor_decode_tps(llm, prompt: list[int], max_tokens: int) -> float:
+    """Single stream: tokens/s after the first token (the prefill step excluded)."""
+    from conveyor.engine.engine_request import EngineRequest
+    from conveyor.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    llm.core.add_request(EngineRequest("single", list(prompt), params))
+    times = []
+    while llm.core.has_unfinished_requests:
+        if llm.core.step().deltas:
+            times.append(time.perf_counter())
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def conveyor_ttft(llm, prompt: list[int]) -> float:
+    return conveyor_generate(llm, [prompt], 1)
+
+
+def hf_generate(model, prompts: list[list[int]], max_tokens: int) -> float:
+    import torch
+
+    ids = torch.tensor(prompts)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                       max_new_tokens=max_tokens, min_new_tokens=max_tokens, pad_token_id=0)
+    return time.perf_counter() - start
+
+
+def hf_decode_tps(model, prompt: list[int], max_tokens: int) -> float:
+    prefill = hf_generate(model, [prompt], 1)
+    total = hf_generate(model, [prompt], max_tokens)
+    return (max_tokens - 1) / (total - prefill)
+
+
+def run_conveyor(args, results: dict) -> None:
+    from bench.roofline import load_model_config, model_flops
+    from conveyor.engine import LLM
+
+    config = load_model_config(args.model)
+    llm = LLM(args.model, max_num_seqs=max(args.concurrency), kv_cache_gib=args.kv_cache_gib,
+              max_model_len=2048, torch_threads=args.threads)
+    conveyor_generate(llm, random_prompts(2, 32, seed=-1), 4)
+    for n in args.concurrency:
+        seconds = conveyor_generate(llm, random_prompts(n, PROMPT_LEN, seed=n), OUTPUT_LEN)
+        results[f"conc-{n} tok/s"] = n * OUTPUT_LEN / seconds
+        tokens_per_s = n * (PROMPT_LEN + OUTPUT_LEN) / seconds
+        results[f"conc-{n} GFLOP/s"] = model_flops(config, tokens_per_s) / 1e9
+    results["single decode tok/s"] = conveyor_decode_tps(
+        llm, random_prompts(1, PROMPT_LEN, seed=7)[0], OUTPUT_LEN)
+    system = random_prompts(1, SYSTEM_LEN, seed=11)[0]
+    question = random_prompts(2, 24, seed=12)
+    cold = conveyor_ttft(llm, system + question[0])
+    warm = conveyor_ttft(llm, system + question[1])
+    results["prefix cold/warm TTFT"] = cold / warm
+
+
+def run_hf(args, results: dict) -> None:
+    from bench.baselines.hf_model import load_hf_model
+
+    model, _ = load_hf_model(args.model)
+    hf_generate(model, random_prompts(2, 32, seed=-1), 4)
+    for n in args.concurrency:
+        seconds = hf_generate(model, random_prompts(n, PROMPT_LEN, seed=n), OUTPUT_LEN)
+        results[f"hf conc-{n} tok/s"] = n * OUTPUT_LEN / seconds
+    results["hf single decode tok/s"] = hf_decode_tps(
+        model, random_prompts(1, PROMPT_LEN, seed=7)[0], OUTPUT_LEN)
+
+
+def run_once(args) -> dict:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results: dict = {"threads": torch.get_num_threads()}
+    run_conveyor(args, results)
+    if args.hf:
+        run_hf(args, results)
+        for n in args.concurrency:
+            results[f"ratio conc-{n}"] = results[f"conc-{n} tok/s"] / results[f"hf conc-{n} tok/s"]
+        results["ratio single"] = (results["single decode tok/s"]
+                                   / results["hf single decode tok/s"])
+    return results
+
+
+def compare(args, argv: list[str]) -> None:
+    """Alternate baseline and candidate in fresh processes; print candidate/baseline."""
+    here = Path(__file__).resolve().parents[1]
+    child = [a for a in argv if a not in ("--against", args.against)]
+    child = [a for i, a in enumerate(child)
+             if a != "--rounds" and (i == 0 or child[i - 1] != "--rounds")]
+    for round_ in range(args.rounds):
+        runs = {}
+        for label, tree in (("base", Path(args.against)), ("cand", here)):
+            env = dict(os.environ, PYTHONPATH=f"{tree / 'services/engine'}:{here}")
+            out = subprocess.run([sys.executable, "-m", "bench.engine_step_bench", "--json",
+                                  *child], env=env, cwd=here, capture_output=True, text=True,
+                                 check=True).stdout
+            runs[label] = json.loads(out.strip().splitlines()[-1])
+        ratios = {k: runs["cand"][k] / runs["base"][k] for k in runs["cand"]
+                  if isinstance(runs["cand"][k], float)}
+        print(f"round {round_}: " + "  ".join(f"{k} {v:.2f}x" for k, v in ratios.items()),
+              flush=True)
+        print(f"  base {runs['base']}\n  cand {runs['cand']}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--concurrency", default=[16, 32],
+                   type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--kv-cache-gib", type=float, default=1.0)
+    p.add_argument("--hf", action="store_true", help="also run transformers generate")
+    p.add_argument("--against", default=None, help="baseline tree for an A/B run")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", action="store_true", help="print one JSON line (for --against)")
+    args = p.parse_args(argv)
+    if args.against:
+        compare(args, argv)
+        return 0
+    results = run_once(args)
+    print(json.dumps(results) if args.json else
+          "\n".join(f"{k:28s} {v:10.2f}" for k, v in results.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

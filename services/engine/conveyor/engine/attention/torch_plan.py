@@ -1,0 +1,93 @@
+"""The torch backend's per-step plan: requests split into a decode group and a
+prefill group, each with its block gather indices and an additive mask.
+
+Splitting keeps a mixed step (decodes + prefill chunks) from padding every decode
+token's query up to the longest chunk: decode rows attend as [Bd, H, 1, S], prefill
+chunks as [Bp, H, L, S]. Context is gathered by whole blocks (one index per block),
+so S is a multiple of the block size; the mask hides the padding. Everything here
+is built once per step and shared by all layers. The per-request lengths are read
+on the host (free on CPU; on CUDA this backend is only the tests' reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conveyor.engine.attention.metadata import AttentionMetadata
+
+
+@dataclass(slots=True)
+class AttentionGroup:
+    """Requests attended in one SDPA call per layer."""
+
+    token_index: torch.Tensor | None
+    """[Tg] flat tokens of the group, or None when the group is every token in order."""
+    query_index: torch.Tensor | None
+    """[Tg] row * L + column of each token in the padded [B * L] query grid, or None
+    when L == 1 (one token per row: no padding)."""
+    block_ids: torch.Tensor
+    """[B * W] pool blocks to gather, W blocks per row (padding rows repeat block 0)."""
+    mask: torch.Tensor
+    """[B, 1, L, W * block_size] additive: 0 where a query may attend, -inf elsewhere."""
+    num_rows: int
+    query_len: int
+
+    @property
+    def context_len(self) -> int:
+        return self.mask.shape[-1]
+
+
+@dataclass(slots=True)
+class TorchAttentionPlan:
+    """The new tokens' slots and the groups (decode first) of one step."""
+
+    slot_mapping: torch.Tensor
+    groups: list[AttentionGroup]
+
+
+def build_plan(meta: AttentionMetadata, sliding_window: int | None) -> TorchAttentionPlan:
+    starts = meta.query_start_loc.tolist()
+    query_lens = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    decode_rows = [r for r, n in enumerate(query_lens) if n == 1]
+    prefill_rows = [r for r, n in enumerate(query_lens) if n > 1]
+    groups = [_group(meta, rows, starts, query_lens, sliding_window,
+                     whole_step=len(rows) == len(query_lens))
+              for rows in (decode_rows, prefill_rows) if rows]
+    return TorchAttentionPlan(slot_mapping=meta.slot_mapping, groups=groups)
+
+
+def _group(meta: AttentionMetadata, rows: list[int], starts: list[int], query_lens: list[int],
+           sliding_window: int | None, whole_step: bool) -> AttentionGroup:
+    device = meta.seq_lens.device
+    length = max(query_lens[r] for r in rows)
+    row_index = torch.tensor(rows, device=device)
+    seq_lens = meta.seq_lens.index_select(0, row_index)
+    width = -(-int(seq_lens.max()) // meta.block_size)
+    blocks = meta.block_tables.index_select(0, row_index)[:, :width].long()
+    token_index = None if whole_step else torch.cat(
+        [torch.arange(starts[r], starts[r + 1], device=device) for r in rows])
+    query_index = None if length == 1 else torch.cat(
+        [torch.arange(i * length, i * length + query_lens[r], device=device)
+         for i, r in enumerate(rows)])
+    first_query_pos = seq_lens - torch.tensor([query_lens[r] for r in rows], device=device)
+    query_pos = first_query_pos[:, None] + torch.arange(length, device=device)
+    context_pos = torch.arange(width * meta.block_size, device=device)
+    allowed = _allowed(context_pos, query_pos, seq_lens, sliding_window)
+    mask = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, float("-inf"))
+    return AttentionGroup(token_index=token_index, query_index=query_index,
+                          block_ids=blocks.reshape(-1), mask=mask.unsqueeze(1),
+                          num_rows=len(rows), query_len=length)
+
+
+def _allowed(context_pos: torch.Tensor, query_pos: torch.Tensor, seq_lens: torch.Tensor,
+             sliding_window: int | None) -> torch.Tensor:
+    """[B, L, S]: causal within the request's context. A padding query row (past
+    its request's query length) still sees position 0, so no row is all-masked."""
+    keys = context_pos[None, None, :]
+    queries = query_pos[:, :, None]
+    allowed = (keys <= queries) & (keys < seq_lens[:, None, None])
+    if sliding_window is not None:
+        allowed &= keys > queries - sliding_window
+    return allowed
