@@ -46,6 +46,7 @@ class Suite:
         self.log_dir = log_dir
         self.results: dict = {"sweep": {}, "prefix": {}, "chunked": {}, "errors": {}}
         self.started = time.monotonic()
+        self.load_at_start = os.getloadavg()[0]
         self._maker = None
 
     def log(self, message: str) -> None:
@@ -58,6 +59,18 @@ class Suite:
 
             self._maker = load_prompt_maker(MODEL, seed=0)
         return self._maker
+
+    def sweep(self, system: str, target) -> None:
+        """The concurrency sweep of one system; levels past the budget are reported."""
+        from bench.suite.workloads import SweepOverBudget, concurrency_sweep
+
+        try:
+            self.results["sweep"][system] = concurrency_sweep(target, self.maker, self.profile,
+                                                              self.log)
+        except SweepOverBudget as stop:
+            self.results["sweep"][system] = stop.points
+            self.results["errors"][f"{system} sweep"] = str(stop)
+            self.log(str(stop))
 
     def part(self, name: str, fn) -> None:
         self.log(f"--- {name}")
@@ -90,32 +103,28 @@ class Suite:
 
     def hf(self) -> None:
         from bench.suite.targets import hf_static_server
-        from bench.suite.workloads import concurrency_sweep
 
         with hf_static_server(self.log_dir) as target:
-            self.results["sweep"]["hf-static"] = concurrency_sweep(
-                target, self.maker, self.profile, self.log)
+            self.sweep("hf-static", target)
 
     def conveyor(self) -> None:
         from bench.suite.targets import conveyor_installed, conveyor_pipeline
-        from bench.suite.workloads import concurrency_sweep, prefix_cold_warm
+        from bench.suite.workloads import prefix_cold_warm
 
         missing = conveyor_installed()
         if missing:
             raise RuntimeError(f"services not built yet: {', '.join(missing)}")
         with conveyor_pipeline(self.log_dir) as target:
-            self.results["sweep"]["conveyor"] = concurrency_sweep(
-                target, self.maker, self.profile, self.log)
+            self.sweep("conveyor", target)
             self.results["prefix"]["conveyor"] = prefix_cold_warm(
                 target, self.maker, self.profile, self.log)
 
     def inprocess(self) -> None:
         from bench.suite.targets import inprocess_engine
-        from bench.suite.workloads import concurrency_sweep, prefix_cold_warm
+        from bench.suite.workloads import prefix_cold_warm
 
         with inprocess_engine(model=MODEL) as target:
-            self.results["sweep"]["in-process"] = concurrency_sweep(
-                target, self.maker, self.profile, self.log)
+            self.sweep("in-process", target)
             self.results["prefix"]["in-process"] = prefix_cold_warm(
                 target, self.maker, self.profile, self.log)
 
@@ -152,6 +161,7 @@ def machine_meta(profile: Profile, command: str) -> dict:
             "commit": commit or "unknown", "cpu": cpu, "num_cpus": os.cpu_count(),
             "torch": torch.__version__, "threads": threads, "model": MODEL, "dtype": "float32",
             "input_len": profile.input_len, "output_len": profile.output_len,
+            "load_average_end": os.getloadavg()[0],
             "profile_sizes": asdict(profile)}
 
 
@@ -188,11 +198,15 @@ def main(argv: list[str] | None = None) -> int:
     suite = Suite(profile, doc.parent / "bench-logs" if args.quick else
                   Path(tempfile.gettempdir()) / "conveyor-bench-logs")
     suite.log(f"profile {profile.name}; service logs in {suite.log_dir}")
+    if suite.load_at_start > 0.5 * (os.cpu_count() or 1):
+        suite.log(f"WARNING: load average {suite.load_at_start:.1f} on {os.cpu_count()} CPUs: "
+                  "other work shares the cores, the figures will be noisy")
     for name in [n.strip() for n in args.only.split(",") if n.strip()]:
         if name not in PARTS:
             raise SystemExit(f"unknown part {name!r}; choose from {', '.join(PARTS)}")
         suite.part(name, getattr(suite, name))
     results = {"meta": {**machine_meta(profile, command), "note": args.note,
+                        "load_average_start": suite.load_at_start,
                         "total_s": time.monotonic() - suite.started}, **suite.results}
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps(results, indent=2))

@@ -91,7 +91,10 @@ def render(results: dict, doc: Path, img_dir: Path) -> str:
            f"Machine: {meta['cpu']}, {meta['num_cpus']} CPUs, torch {meta['torch']} "
            f"({meta['threads']} threads), model {meta['model']} in {meta['dtype']}. "
            f"Workload of the sweep: {meta['input_len']}-token random prompts, "
-           f"{meta['output_len']} output tokens, ignore_eos, greedy.", ""]
+           f"{meta['output_len']} output tokens, ignore_eos, greedy. Load average (1 min) "
+           f"{meta.get('load_average_start', float('nan')):.1f} at the start, "
+           f"{meta.get('load_average_end', float('nan')):.1f} at the end; the suite took "
+           f"{meta.get('total_s', 0) / 60:.0f} min.", ""]
     if meta.get("note"):
         out += [meta["note"], ""]
     out += ["## Targets", "", "| target | measured | status |", "|---|---|---|"]

@@ -6,9 +6,19 @@ saved results file.
 
 from __future__ import annotations
 
+import time
+
 from bench.serving.metrics import format_metrics
 from bench.serving.workload import PromptMaker
 from bench.suite.profile import Profile
+
+
+class SweepOverBudget(Exception):
+    """The sweep stopped early; `points` holds the levels it measured."""
+
+    def __init__(self, points: list[dict], message: str):
+        super().__init__(message)
+        self.points = points
 
 
 def concurrency_sweep(target, maker: PromptMaker, profile: Profile, log=print) -> list[dict]:
@@ -17,10 +27,15 @@ def concurrency_sweep(target, maker: PromptMaker, profile: Profile, log=print) -
     A short burst first (not measured) lets the server reach its steady state: threads
     spun up, kernels chosen for several batch sizes, KV memory touched.
     """
+    start = time.monotonic()
     burst = min(max(profile.concurrency_levels), 16)
     target.run(maker.random_requests(burst, profile.input_len, 4), burst, num_warmup=0)
     points = []
     for concurrency in profile.concurrency_levels:
+        if time.monotonic() - start > profile.sweep_budget_s:
+            skipped = [c for c in profile.concurrency_levels if c >= concurrency]
+            raise SweepOverBudget(points, f"concurrency {skipped} skipped: the sweep ran past "
+                                  f"its {profile.sweep_budget_s:.0f} s budget")
         num = profile.num_prompts(concurrency)
         requests = maker.random_requests(num, profile.input_len, profile.output_len)
         metrics, results = target.run(requests, concurrency, num_warmup=1,

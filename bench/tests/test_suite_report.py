@@ -89,3 +89,47 @@ def test_paged_kv_holds_real_tokens():
 def test_profiles():
     assert FULL.num_prompts(16) == 32 and QUICK.num_prompts(1) == QUICK.min_prompts
     assert 16 in FULL.concurrency_levels and 32 in FULL.concurrency_levels
+
+
+class FakeTarget:
+    name = "fake"
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, requests, concurrency, num_warmup=1, duration_s=None):
+        from bench.serving.client import RequestResult
+        from bench.serving.metrics import calculate_metrics
+
+        self.calls.append(concurrency)
+        results = [RequestResult(prompt_len=r.prompt_len, success=True, ttft=0.1, latency=0.5,
+                                 itl=[0.1] * 3, output_tokens=r.max_tokens) for r in requests]
+        return calculate_metrics(results, 1.0), results
+
+
+class FakeMaker:
+    def random_requests(self, num, input_len, output_len):
+        from bench.serving.workload import BenchRequest
+
+        return [BenchRequest("x", input_len, output_len) for _ in range(num)]
+
+
+def test_sweep_measures_every_level_within_budget():
+    from bench.suite.workloads import concurrency_sweep
+
+    target = FakeTarget()
+    points = concurrency_sweep(target, FakeMaker(), QUICK, log=lambda _: None)
+    assert [p["concurrency"] for p in points] == list(QUICK.concurrency_levels)
+    assert target.calls == [4, 1, 4]  # the warm-up burst, then each level
+    assert points[0]["output_throughput"] == QUICK.num_prompts(1) * QUICK.output_len
+
+
+def test_sweep_past_its_budget_reports_the_levels_skipped():
+    from dataclasses import replace
+
+    from bench.suite.workloads import SweepOverBudget, concurrency_sweep
+
+    with pytest.raises(SweepOverBudget, match=r"concurrency \[1, 4\] skipped") as stop:
+        concurrency_sweep(FakeTarget(), FakeMaker(), replace(QUICK, sweep_budget_s=-1),
+                          log=lambda _: None)
+    assert stop.value.points == []
