@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -170,6 +170,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes (~3 minutes)")
     p.add_argument("--only", default=",".join(PARTS), help=f"parts to run, of {PARTS}")
+    p.add_argument("--levels", default=None,
+                   help="concurrency levels of the sweep, e.g. 16,32 (default: the profile's)")
     p.add_argument("--out", type=Path, default=None,
                    help="report path (default docs/benchmarks.md; --quick: a temp folder)")
     p.add_argument("--note", default="", help="a line added under the report's header")
@@ -182,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     profile = QUICK if args.quick else FULL
+    if args.levels:
+        levels = tuple(int(c) for c in args.levels.split(","))
+        profile = replace(profile, concurrency_levels=levels)
     default_out = (Path(tempfile.gettempdir()) / "conveyor-bench-quick" / "benchmarks.md"
                    if args.quick else REPO_ROOT / "docs" / "benchmarks.md")
     doc = (args.out or default_out).resolve()

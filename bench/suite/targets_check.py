@@ -91,8 +91,12 @@ def single_stream_row(results: dict) -> TargetRow:
         return TargetRow(label, "not measured at concurrency 1", "not measured")
     tps_a, tps_b = 1000 / max(a["mean_tpot_ms"], 1e-9), 1000 / max(b["mean_tpot_ms"], 1e-9)
     ratio = tps_a / tps_b
-    return TargetRow(label, f"decode {tps_a:.1f} vs {tps_b:.1f} tok/s (1/TPOT) = {ratio:.2f}x",
-                     "met" if ratio >= 2 else "not met")
+    measured = f"served: {tps_a:.1f} vs {tps_b:.1f} tok/s (1/mean TPOT) = {ratio:.2f}x"
+    inproc = _point(results, "in-process", 1)
+    if inproc:
+        tps_c = 1000 / max(inproc["mean_tpot_ms"], 1e-9)
+        measured += f"; engine in process {tps_c:.1f} tok/s = {tps_c / tps_b:.2f}x"
+    return TargetRow(label, measured, "met" if ratio >= 2 else "not met")
 
 
 def check_targets(results: dict) -> list[TargetRow]:
