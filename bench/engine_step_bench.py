@@ -9,6 +9,9 @@ Workloads (random token prompts, greedy, ignore_eos):
            definition: 2 x linear parameters x tokens/s).
   single   one 256-token prompt, 64 output tokens: decode tok/s after the first token.
   prefix   TTFT of a 1,000-token system prompt + a short question, cold then warm.
+With --steps, instead: the median time of single engine steps (decode steps at each
+concurrency with 256-token contexts, and prefill steps of 8 x 256 tokens), the
+quickest A/B signal for a change inside a step.
 With --hf the same conc-N and single workloads run through transformers `generate`
 (static batching, same dtype and threads) in the same process.
 
@@ -103,6 +106,38 @@ def run_conveyor(args, results: dict) -> None:
     results["prefix cold/warm TTFT"] = cold / warm
 
 
+def time_steps(llm, count: int) -> float:
+    """Median ms of `count` engine steps."""
+    import statistics
+
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        llm.core.step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def run_steps(args, results: dict) -> None:
+    from conveyor.engine import LLM
+    from conveyor.engine.engine_request import EngineRequest
+    from conveyor.engine.sampling_params import SamplingParams
+
+    llm = LLM(args.model, max_num_seqs=max(args.concurrency), kv_cache_gib=args.kv_cache_gib,
+              max_model_len=2048, torch_threads=args.threads)
+    params = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
+    for n in [1, *args.concurrency]:
+        for i, prompt in enumerate(random_prompts(n, PROMPT_LEN, seed=n)):
+            llm.core.add_request(EngineRequest(f"s{n}-{i}", prompt, params))
+        prefill = time_steps(llm, -(-n * PROMPT_LEN // 2048))
+        if n >= 8:
+            results["prefill-2048 steps/s"] = 1e3 / prefill
+        time_steps(llm, 2)
+        results[f"decode-{n} step/s"] = 1e3 / time_steps(llm, args.num_steps)
+        llm.core.abort(llm.core.unfinished_request_ids)
+        llm.core.step()
+
+
 def run_hf(args, results: dict) -> None:
     from bench.baselines.hf_model import load_hf_model
 
@@ -121,6 +156,9 @@ def run_once(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     results: dict = {"threads": torch.get_num_threads()}
+    if args.steps:
+        run_steps(args, results)
+        return results
     run_conveyor(args, results)
     if args.hf:
         run_hf(args, results)
@@ -163,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hf", action="store_true", help="also run transformers generate")
     p.add_argument("--against", default=None, help="baseline tree for an A/B run")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", action="store_true", help="time single steps (see above)")
+    p.add_argument("--num-steps", type=int, default=9)
     p.add_argument("--json", action="store_true", help="print one JSON line (for --against)")
     args = p.parse_args(argv)
     if args.against:

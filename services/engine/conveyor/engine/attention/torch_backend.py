@@ -50,8 +50,8 @@ def _attend_group(query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionG
         grid = query.new_zeros(rows * length, spec.num_heads, spec.head_dim)
         grid.index_copy_(0, group.query_index, query)
         grid = grid.view(rows, length, spec.num_heads, spec.head_dim)
-    keys = _gather_context(kv_cache[0], group, spec)
-    values = _gather_context(kv_cache[1], group, spec)
+    keys = _gather_context(kv_cache[0], group.context_buffer[0], group, spec)
+    values = _gather_context(kv_cache[1], group.context_buffer[1], group, spec)
     out = F.scaled_dot_product_attention(
         grid.transpose(1, 2), keys, values, attn_mask=group.mask, scale=spec.scale,
         enable_gqa=spec.num_queries_per_kv > 1).transpose(1, 2)
@@ -61,10 +61,11 @@ def _attend_group(query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionG
         0, group.query_index)
 
 
-def _gather_context(cache: torch.Tensor, group: AttentionGroup,
+def _gather_context(cache: torch.Tensor, buffer: torch.Tensor, group: AttentionGroup,
                     spec: AttentionSpec) -> torch.Tensor:
-    """[B, Hkv, S, D] context of one half (keys or values) of the pool, by whole blocks."""
-    blocks = cache.index_select(0, group.block_ids)  # [B * W, block_size, Hkv, D]
+    """[B, Hkv, S, D] context of one half (keys or values) of the pool, by whole blocks,
+    copied into `buffer` [B * W, block_size, Hkv, D] (no allocation per layer)."""
+    blocks = torch.index_select(cache, 0, group.block_ids, out=buffer)
     return blocks.view(group.num_rows, group.context_len, spec.num_kv_heads,
                        spec.head_dim).transpose(1, 2)
 
@@ -76,11 +77,30 @@ class TorchAttentionBackend:
 
     def __init__(self, spec: AttentionSpec) -> None:
         self.spec = spec
+        self._workspace: torch.Tensor | None = None
+        """[2, blocks, block_size, Hkv, D] gather space, grown to the largest step seen."""
 
     def plan(self, meta: AttentionMetadata) -> TorchAttentionPlan:
+        """The step's plan. Its gather buffers, bound at the first layer, are views of
+        this backend's workspace: a plan is valid only until the next step runs."""
         return build_plan(meta, self.spec.sliding_window)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, plan: TorchAttentionPlan) -> torch.Tensor:
         store_kv(key, value, kv_cache, plan.slot_mapping)
+        if plan.groups[0].context_buffer is None:
+            self._bind_workspace(plan, kv_cache)
         return paged_attention(query, kv_cache, plan, self.spec)
+
+    def _bind_workspace(self, plan: TorchAttentionPlan, kv_cache: torch.Tensor) -> None:
+        """Give each group its slice of the workspace, growing it to this step's need."""
+        num_blocks = sum(g.num_blocks for g in plan.groups)
+        ws = self._workspace
+        if (ws is None or ws.shape[1] < num_blocks or ws.shape[2:] != kv_cache.shape[2:]
+                or ws.dtype != kv_cache.dtype or ws.device != kv_cache.device):
+            ws = kv_cache.new_empty((2, num_blocks, *kv_cache.shape[2:]))
+            self._workspace = ws
+        offset = 0
+        for group in plan.groups:
+            group.context_buffer = ws[:, offset:offset + group.num_blocks]
+            offset += group.num_blocks

@@ -31,12 +31,19 @@ class AttentionGroup:
     """[B * W] pool blocks to gather, W blocks per row (padding rows repeat block 0)."""
     mask: torch.Tensor
     """[B, 1, L, W * block_size] additive: 0 where a query may attend, -inf elsewhere."""
+    context_buffer: torch.Tensor | None
+    """[2, B * W, block_size, Hkv, D] where the layers gather keys and values (reused by
+    every layer of the step), set by the backend from its workspace."""
     num_rows: int
     query_len: int
 
     @property
     def context_len(self) -> int:
         return self.mask.shape[-1]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_ids.shape[0]
 
 
 @dataclass(slots=True)
@@ -78,7 +85,7 @@ def _group(meta: AttentionMetadata, rows: list[int], starts: list[int], query_le
     mask = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, float("-inf"))
     return AttentionGroup(token_index=token_index, query_index=query_index,
                           block_ids=blocks.reshape(-1), mask=mask.unsqueeze(1),
-                          num_rows=len(rows), query_len=length)
+                          context_buffer=None, num_rows=len(rows), query_len=length)
 
 
 def _allowed(context_pos: torch.Tensor, query_pos: torch.Tensor, seq_lens: torch.Tensor,
