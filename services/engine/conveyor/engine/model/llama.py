@@ -36,9 +36,10 @@ class LlamaAttention(nn.Module):
                 kv_cache: torch.Tensor, plan: Any) -> torch.Tensor:
         c = self.config
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, c.num_attention_heads, c.head_dim), *rotary)
-        k = apply_rotary(k.view(num_tokens, c.num_key_value_heads, c.head_dim), *rotary)
+        qk, v = self.qkv_proj(hidden).split([c.q_size + c.kv_size, c.kv_size], dim=-1)
+        qk = apply_rotary(qk.view(num_tokens, c.num_attention_heads + c.num_key_value_heads,
+                                  c.head_dim), *rotary)  # q and k heads in one call
+        q, k = qk.split([c.num_attention_heads, c.num_key_value_heads], dim=1)
         v = v.view(num_tokens, c.num_key_value_heads, c.head_dim)
         out = self.backend.forward(q, k, v, kv_cache, plan)
         return self.o_proj(out.reshape(num_tokens, c.q_size))
@@ -55,7 +56,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -39,9 +39,12 @@ class Sampler:
         batch = SamplingBatch.from_requests(requests, self.eos_token_ids, self.vocab_size,
                                             logits.device)
         raw_logprobs = logits.float().log_softmax(dim=-1) if batch.needs_logprobs else None
-        processed = logits.float().clone()
-        self._apply_processors(processed, batch)
-        tokens = self._choose(processed, batch)
+        if batch.all_greedy and not batch.has_processors:
+            tokens = logits.argmax(dim=-1)  # nothing modifies the logits: no copy
+        else:
+            processed = logits.float().clone()
+            self._apply_processors(processed, batch)
+            tokens = self._choose(processed, batch)
         return self._to_sampled_tokens(tokens, raw_logprobs, requests, batch)
 
     def _apply_processors(self, logits: torch.Tensor, batch: SamplingBatch) -> None:

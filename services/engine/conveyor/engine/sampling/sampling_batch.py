@@ -56,6 +56,12 @@ class SamplingBatch:
     max_top_logprobs: int
     needs_logprobs: bool
 
+    @property
+    def has_processors(self) -> bool:
+        """Whether any row has min_tokens masking, logit_bias or penalties."""
+        return (self.min_tokens_mask is not None or self.logit_bias is not None
+                or self.penalties is not None)
+
     @classmethod
     def from_requests(cls, requests: Sequence[ScheduledRequest], eos_token_ids: Sequence[int],
                       vocab_size: int, device: torch.device) -> SamplingBatch:
