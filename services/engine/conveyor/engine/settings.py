@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from conveyor.common.engine_registry import DEFAULT_INTERVAL_S, DEFAULT_TTL_S
@@ -15,6 +15,12 @@ DEFAULT_PORT = 50052
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+def idle_cpu_count() -> int:
+    """Cores this process may use minus those other work keeps busy (1-minute load), >= 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) - round(os.getloadavg()[0]))
 
 
 def _default_engine_id() -> str:
@@ -54,7 +60,12 @@ class EngineSettings(ModelSettingsMixin, ServiceSettings):
         "memory_utilization (tests, benchmarks).",
     )
     seed: int | None = Field(None, description="Seed of the sampler for requests without one.")
-    torch_threads: int = Field(0, ge=0, description="CPU threads for torch (0 = torch's default).")
+    torch_threads: int | None = Field(
+        None, ge=0, validate_default=True,
+        description="CPU threads for torch; 0 = torch's default (all cores); unset = the cores "
+        "not busy at start-up (CPU count minus the 1-minute load average, at least 1): "
+        "threads spinning against other processes made steps 2-7x slower.",
+    )
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", description="Redis of the engine registry gateways route "
         "over (empty: do not register).",
@@ -87,6 +98,11 @@ class EngineSettings(ModelSettingsMixin, ServiceSettings):
             return self.advertise_address
         host = socket.gethostname() if self.host in ("0.0.0.0", "::", "[::]") else self.host
         return f"{host}:{bound_port}"
+
+    @field_validator("torch_threads")
+    @classmethod
+    def _idle_cores_when_unset(cls, value: int | None) -> int:
+        return idle_cpu_count() if value is None else value
 
     def resolved_engine_id(self) -> str:
         return self.engine_id or _default_engine_id()
