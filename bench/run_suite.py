@@ -143,6 +143,20 @@ class Suite:
             self.results["chunked"][name] = figures
 
 
+def pin_threads(requested: int | None) -> int:
+    """One torch thread count for every system measured: the engine's own choice (its
+    settings resolve an unset count from the idle cores at start-up) unless `requested`.
+    Exported as CONVEYOR_ENGINE_TORCH_THREADS, which the engine services, the in-process
+    engine, the HF baseline and the roofline all read."""
+    import torch
+
+    from conveyor.engine.settings import EngineSettings
+
+    threads = requested or EngineSettings().torch_threads or torch.get_num_threads()
+    os.environ["CONVEYOR_ENGINE_TORCH_THREADS"] = str(threads)
+    return threads
+
+
 def machine_meta(profile: Profile, command: str) -> dict:
     import torch
 
@@ -175,6 +189,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None,
                    help="report path (default docs/benchmarks.md; --quick: a temp folder)")
     p.add_argument("--note", default="", help="a line added under the report's header")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads for every system (default: what the engine picks)")
     p.add_argument("--report-only", action="store_true",
                    help="rebuild the report from the JSON next to it, run nothing")
     return p.parse_args(argv)
@@ -202,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                                                 *(argv if argv is not None else sys.argv[1:])])
     suite = Suite(profile, doc.parent / "bench-logs" if args.quick else
                   Path(tempfile.gettempdir()) / "conveyor-bench-logs")
-    suite.log(f"profile {profile.name}; service logs in {suite.log_dir}")
+    threads = pin_threads(args.threads)
+    suite.log(f"profile {profile.name}; torch threads {threads} for every system; "
+              f"service logs in {suite.log_dir}")
     if suite.load_at_start > 0.5 * (os.cpu_count() or 1):
         suite.log(f"WARNING: load average {suite.load_at_start:.1f} on {os.cpu_count()} CPUs: "
                   "other work shares the cores, the figures will be noisy")
