@@ -46,3 +46,19 @@ def test_registry_names_and_unknown_backend(make_random_step):
     step = make_random_step(block_size=4, num_kv_heads=1, group=1, head_dim=8, seqs=[(0, 1)])
     with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
         create_backend("flash", step.spec)
+
+
+@pytest.mark.parametrize("seqs", [[(0, 7), (0, 7), (5, 1)], [(0, 16), (0, 16)], [(3, 1), (8, 1)],
+                                  [(0, 7), (2, 7)]])
+def test_torch_backend_fast_paths_match_naive(make_random_step, seqs):
+    """Uniform first chunks take plain causal SDPA (no mask), decode-only steps skip the
+    query grid; both must agree with the naive loop."""
+    step = make_random_step(block_size=4, num_kv_heads=2, group=2, head_dim=16, seqs=seqs)
+    backend = create_backend("torch", step.spec)
+    plan = backend.plan(step.meta)
+    chunks = [(done, n) for done, n in seqs if n > 1]
+    if chunks and all(done == 0 for done, _ in chunks) and len({n for _, n in chunks}) == 1:
+        assert plan.groups[-1].mask is None
+    cache = step.kv_cache.clone()
+    actual = backend.forward(step.query, step.key, step.value, cache, plan)
+    torch.testing.assert_close(actual, naive_attention(step), rtol=1e-5, atol=1e-5)

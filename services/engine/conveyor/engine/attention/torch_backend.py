@@ -45,7 +45,7 @@ def _attend_group(query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionG
     """query [Tg, H, D] of the group's tokens -> [Tg, H, D]."""
     rows, length = group.num_rows, group.query_len
     if group.query_index is None:
-        grid = query.unsqueeze(1)  # [B, 1, H, D]
+        grid = query.view(rows, length, spec.num_heads, spec.head_dim)
     else:
         grid = query.new_zeros(rows * length, spec.num_heads, spec.head_dim)
         grid.index_copy_(0, group.query_index, query)
@@ -53,10 +53,11 @@ def _attend_group(query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionG
     keys = _gather_context(kv_cache[0], group.context_buffer[0], group, spec)
     values = _gather_context(kv_cache[1], group.context_buffer[1], group, spec)
     out = F.scaled_dot_product_attention(
-        grid.transpose(1, 2), keys, values, attn_mask=group.mask, scale=spec.scale,
+        grid.transpose(1, 2), keys, values, attn_mask=group.mask,
+        is_causal=group.mask is None, scale=spec.scale,
         enable_gqa=spec.num_queries_per_kv > 1).transpose(1, 2)
     if group.query_index is None:
-        return out.squeeze(1)
+        return out.reshape(rows * length, spec.num_heads, spec.head_dim)
     return out.reshape(rows * length, spec.num_heads, spec.head_dim).index_select(
         0, group.query_index)
 

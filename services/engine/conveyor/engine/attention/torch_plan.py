@@ -26,20 +26,21 @@ class AttentionGroup:
     """[Tg] flat tokens of the group, or None when the group is every token in order."""
     query_index: torch.Tensor | None
     """[Tg] row * L + column of each token in the padded [B * L] query grid, or None
-    when L == 1 (one token per row: no padding)."""
+    when every row has exactly L tokens (no padding: the tokens are the grid)."""
     block_ids: torch.Tensor
     """[B * W] pool blocks to gather, W blocks per row (padding rows repeat block 0)."""
-    mask: torch.Tensor
-    """[B, 1, L, W * block_size] additive: 0 where a query may attend, -inf elsewhere."""
+    mask: torch.Tensor | None
+    """[B, 1, L, W * block_size] additive: 0 where a query may attend, -inf elsewhere;
+    None when plain causal attention is exact (every row a first chunk of L tokens,
+    no sliding window): SDPA then skips the masked half."""
     context_buffer: torch.Tensor | None
     """[2, B * W, block_size, Hkv, D] where the layers gather keys and values (reused by
     every layer of the step), set by the backend from its workspace."""
     num_rows: int
     query_len: int
 
-    @property
-    def context_len(self) -> int:
-        return self.mask.shape[-1]
+    context_len: int
+    """S = W * block_size."""
 
     @property
     def num_blocks(self) -> int:
@@ -55,37 +56,49 @@ class TorchAttentionPlan:
 
 
 def build_plan(meta: AttentionMetadata, sliding_window: int | None) -> TorchAttentionPlan:
-    starts = meta.query_start_loc.tolist()
+    starts, seq_lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
     query_lens = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     decode_rows = [r for r, n in enumerate(query_lens) if n == 1]
     prefill_rows = [r for r, n in enumerate(query_lens) if n > 1]
-    groups = [_group(meta, rows, starts, query_lens, sliding_window,
+    groups = [_group(meta, rows, starts, query_lens, seq_lens, sliding_window,
                      whole_step=len(rows) == len(query_lens))
               for rows in (decode_rows, prefill_rows) if rows]
     return TorchAttentionPlan(slot_mapping=meta.slot_mapping, groups=groups)
 
 
 def _group(meta: AttentionMetadata, rows: list[int], starts: list[int], query_lens: list[int],
-           sliding_window: int | None, whole_step: bool) -> AttentionGroup:
+           seq_lens: list[int], sliding_window: int | None, whole_step: bool) -> AttentionGroup:
     device = meta.seq_lens.device
     length = max(query_lens[r] for r in rows)
+    uniform = all(query_lens[r] == length for r in rows)
+    causal = uniform and sliding_window is None and all(seq_lens[r] == length for r in rows)
     row_index = torch.tensor(rows, device=device)
-    seq_lens = meta.seq_lens.index_select(0, row_index)
-    width = -(-int(seq_lens.max()) // meta.block_size)
+    width = -(-max(seq_lens[r] for r in rows) // meta.block_size)
     blocks = meta.block_tables.index_select(0, row_index)[:, :width].long()
     token_index = None if whole_step else torch.cat(
         [torch.arange(starts[r], starts[r + 1], device=device) for r in rows])
-    query_index = None if length == 1 else torch.cat(
+    query_index = None if uniform else torch.cat(
         [torch.arange(i * length, i * length + query_lens[r], device=device)
          for i, r in enumerate(rows)])
-    first_query_pos = seq_lens - torch.tensor([query_lens[r] for r in rows], device=device)
+    mask = None if causal else _mask(meta, row_index, [query_lens[r] for r in rows], length,
+                                     width * meta.block_size, sliding_window)
+    return AttentionGroup(token_index=token_index, query_index=query_index,
+                          block_ids=blocks.reshape(-1), mask=mask, context_buffer=None,
+                          num_rows=len(rows), query_len=length,
+                          context_len=width * meta.block_size)
+
+
+def _mask(meta: AttentionMetadata, row_index: torch.Tensor, query_lens: list[int], length: int,
+          context_len: int, sliding_window: int | None) -> torch.Tensor:
+    """[B, 1, L, S] additive mask of the group's rows."""
+    device = row_index.device
+    seq_lens = meta.seq_lens.index_select(0, row_index)
+    first_query_pos = seq_lens - torch.tensor(query_lens, device=device)
     query_pos = first_query_pos[:, None] + torch.arange(length, device=device)
-    context_pos = torch.arange(width * meta.block_size, device=device)
+    context_pos = torch.arange(context_len, device=device)
     allowed = _allowed(context_pos, query_pos, seq_lens, sliding_window)
     mask = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, float("-inf"))
-    return AttentionGroup(token_index=token_index, query_index=query_index,
-                          block_ids=blocks.reshape(-1), mask=mask.unsqueeze(1),
-                          context_buffer=None, num_rows=len(rows), query_len=length)
+    return mask.unsqueeze(1)
 
 
 def _allowed(context_pos: torch.Tensor, query_pos: torch.Tensor, seq_lens: torch.Tensor,
