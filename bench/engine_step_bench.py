@@ -13,7 +13,7 @@ With --steps, instead: the median time of single engine steps (decode steps at e
 concurrency with 256-token contexts, and prefill steps of 8 x 256 tokens), the
 quickest A/B signal for a change inside a step.
 With --hf the same conc-N and single workloads run through transformers `generate`
-(static batching, same dtype and threads) in the same process.
+(static batching, same dtype and threads) in the same process; --dtype sets both.
 
 --against DIR runs this script alternately against DIR's services/engine (a checkout of
 the baseline, e.g. `git worktree add /tmp/base HEAD~1`) and this tree, --rounds times,
@@ -90,7 +90,7 @@ def run_conveyor(args, results: dict) -> None:
 
     config = load_model_config(args.model)
     llm = LLM(args.model, max_num_seqs=max(args.concurrency), kv_cache_gib=args.kv_cache_gib,
-              max_model_len=2048, torch_threads=args.threads)
+              max_model_len=2048, torch_threads=args.threads, dtype=args.dtype)
     conveyor_generate(llm, random_prompts(2, 32, seed=-1), 4)
     for n in args.concurrency:
         seconds = conveyor_generate(llm, random_prompts(n, PROMPT_LEN, seed=n), OUTPUT_LEN)
@@ -124,7 +124,7 @@ def run_steps(args, results: dict) -> None:
     from conveyor.engine.sampling_params import SamplingParams
 
     llm = LLM(args.model, max_num_seqs=max(args.concurrency), kv_cache_gib=args.kv_cache_gib,
-              max_model_len=2048, torch_threads=args.threads)
+              max_model_len=2048, torch_threads=args.threads, dtype=args.dtype)
     params = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
     for n in [1, *args.concurrency]:
         for i, prompt in enumerate(random_prompts(n, PROMPT_LEN, seed=n)):
@@ -139,9 +139,11 @@ def run_steps(args, results: dict) -> None:
 
 
 def run_hf(args, results: dict) -> None:
+    import torch
+
     from bench.baselines.hf_model import load_hf_model
 
-    model, _ = load_hf_model(args.model)
+    model, _ = load_hf_model(args.model, dtype=getattr(torch, args.dtype))
     hf_generate(model, random_prompts(2, 32, seed=-1), 4)
     for n in args.concurrency:
         seconds = hf_generate(model, random_prompts(n, PROMPT_LEN, seed=n), OUTPUT_LEN)
@@ -197,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default=[16, 32],
                    type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--dtype", default="float32", help="both sides' dtype (float32, bfloat16)")
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
     p.add_argument("--hf", action="store_true", help="also run transformers generate")
     p.add_argument("--against", default=None, help="baseline tree for an A/B run")
