@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -11,6 +14,7 @@ from conveyor.common.models import (
     max_model_len_of,
     resolve_model,
 )
+from conveyor.common.testing import without_torch_env
 
 
 def test_bundled_name_resolves_to_the_packaged_gguf(tmp_path, monkeypatch):
@@ -51,3 +55,24 @@ def test_max_model_len_defaults_to_the_model_and_refuses_more():
     assert max_model_len_of(_Config(), 2048) == 2048
     with pytest.raises(ValueError, match="lower max_model_len"):
         max_model_len_of(_Config(), 9000)
+
+
+@pytest.mark.slow
+def test_torch_free_service_gets_a_clear_error_then_works_once_prepared(tmp_path):
+    """transformers reads GGUF only with torch; the torch-free services say how to prepare."""
+    env = {**os.environ, **without_torch_env(), "CONVEYOR_CACHE_DIR": str(tmp_path),
+           "HF_HUB_OFFLINE": "1"}
+    load = ("from conveyor.common.models import load_tokenizer, resolve_model; "
+            "print(len(load_tokenizer(resolve_model('smollm2-135m-instruct'))))")
+    refused = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode != 0
+    assert "python -m conveyor.common.prepare_model smollm2-135m-instruct" in refused.stderr
+    prepared = subprocess.run([sys.executable, "-m", "conveyor.common.prepare_model"],
+                              env={**env, "PYTHONPATH": ""}, capture_output=True, text=True,
+                              timeout=120)
+    assert prepared.returncode == 0, prepared.stderr
+    loaded = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "49152"

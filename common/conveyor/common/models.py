@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,9 +94,10 @@ def load_tokenizer(source: ModelSource):
     from transformers import AutoTokenizer
 
     if source.is_gguf and not (source.hf_dir / "tokenizer_config.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(
-            source.gguf_path.parent, gguf_file=source.gguf_path.name
-        )
+        with _gguf_needs_torch(source):
+            tokenizer = AutoTokenizer.from_pretrained(
+                source.gguf_path.parent, gguf_file=source.gguf_path.name
+            )
         with _staging_dir(source.hf_dir) as staging:
             tokenizer.save_pretrained(staging)
         return tokenizer
@@ -107,13 +109,28 @@ def load_config(source: ModelSource):
     from transformers import AutoConfig
 
     if source.is_gguf and not (source.hf_dir / "config.json").is_file():
-        config = AutoConfig.from_pretrained(
-            source.gguf_path.parent, gguf_file=source.gguf_path.name
-        )
+        with _gguf_needs_torch(source):
+            config = AutoConfig.from_pretrained(
+                source.gguf_path.parent, gguf_file=source.gguf_path.name
+            )
         with _staging_dir(source.hf_dir) as staging:
             config.to_json_file(str(Path(staging) / "config.json"))
         return config
     return AutoConfig.from_pretrained(source.hf_dir)
+
+
+@contextmanager
+def _gguf_needs_torch(source: ModelSource):
+    """transformers reads GGUF only with torch installed: say how to prepare the cache."""
+    try:
+        yield
+    except ImportError as exc:
+        raise ModelNotFoundError(
+            f"model {source.name!r}: reading its GGUF file needs torch, which this service "
+            f"does not install; run `python -m conveyor.common.prepare_model {source.name}` "
+            f"where torch is installed (the Docker build does) and point CONVEYOR_CACHE_DIR "
+            f"at that cache ({source.hf_dir.parent})"
+        ) from exc
 
 
 def max_model_len_of(config, setting: int | None) -> int:

@@ -17,6 +17,9 @@ import time
 from collections import deque
 from pathlib import Path
 
+from conveyor.common import prepare_model
+from conveyor.common.settings import DEFAULT_MODEL
+
 LISTENING = re.compile(r"CONVEYOR_LISTENING port=(\d+)")
 
 
@@ -101,7 +104,12 @@ NO_TORCH_PATH = str(Path(__file__).parent / "no_torch")
 does: its sitecustomize makes `import torch` fail, so transformers never loads it."""
 
 
-def without_torch_env() -> dict[str, str]:
-    """Environment entries that start a service process without torch."""
+def without_torch_env(model: str = DEFAULT_MODEL) -> dict[str, str]:
+    """Environment entries that start a service process without torch.
+
+    Converts `model`'s tokenizer into the cache first (in this process, which has torch),
+    as the service images do at build time: transformers cannot read GGUF without torch.
+    """
+    prepare_model.main([model])
     existing = os.environ.get("PYTHONPATH")
     return {"PYTHONPATH": NO_TORCH_PATH + (os.pathsep + existing if existing else "")}
