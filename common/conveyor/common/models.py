@@ -45,10 +45,6 @@ class ModelSource:
     def is_gguf(self) -> bool:
         return self.gguf_path is not None
 
-    @property
-    def weights_path(self) -> Path:
-        return self.hf_dir / "model.safetensors"
-
 
 def cache_root() -> Path:
     default = Path.home() / ".cache" / "conveyor" / "models"
@@ -98,7 +94,7 @@ def load_tokenizer(source: ModelSource):
             tokenizer = AutoTokenizer.from_pretrained(
                 source.gguf_path.parent, gguf_file=source.gguf_path.name
             )
-        with _staging_dir(source.hf_dir) as staging:
+        with staging_dir(source.hf_dir) as staging:
             tokenizer.save_pretrained(staging)
         return tokenizer
     return AutoTokenizer.from_pretrained(source.hf_dir)
@@ -113,7 +109,7 @@ def load_config(source: ModelSource):
             config = AutoConfig.from_pretrained(
                 source.gguf_path.parent, gguf_file=source.gguf_path.name
             )
-        with _staging_dir(source.hf_dir) as staging:
+        with staging_dir(source.hf_dir) as staging:
             config.to_json_file(str(Path(staging) / "config.json"))
         return config
     return AutoConfig.from_pretrained(source.hf_dir)
@@ -145,25 +141,13 @@ def max_model_len_of(config, setting: int | None) -> int:
     return setting
 
 
-class _staging_dir:
-    """A temporary folder whose files are moved into `target` on success
-    (each by an atomic rename; files already there are replaced)."""
-
-    def __init__(self, target: Path):
-        self.target = target
-
-    def __enter__(self) -> str:
-        self.target.mkdir(parents=True, exist_ok=True)
-        self._tmp = tempfile.TemporaryDirectory(dir=self.target, prefix=".staging-")
-        return self._tmp.name
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            for item in Path(self._tmp.name).iterdir():
-                os.replace(item, self.target / item.name)
-        self._tmp.cleanup()
-
-
-def staging_dir(target: Path) -> _staging_dir:
-    """Public entry for other writers of the cache (the engine's weight conversion)."""
-    return _staging_dir(target)
+@contextmanager
+def staging_dir(target: Path):
+    """A temporary folder inside `target` whose files are moved into `target` on success,
+    each by an atomic rename (files already there are replaced). Other writers of the
+    cache (the engine's weight conversion) use it too."""
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target, prefix=".staging-") as staging:
+        yield staging
+        for item in Path(staging).iterdir():
+            os.replace(item, target / item.name)
