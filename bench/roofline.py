@@ -6,6 +6,11 @@ down 576x1536, lm_head 49152x576), and the whole set as one forward pass would r
 (30 layers + lm_head) -- that composite is the roofline the engine's model FLOP/s is held to.
 A large square matmul shows the machine's peak for comparison.
 
+Each measurement is the best of the kernels torch offers here for a linear layer: `aten`
+(F.linear on the [out, in] weight, what transformers runs) and `engine` (the engine's
+CpuLinear: a column-major GEMV for one row, oneDNN with a prepacked weight for more; see
+services/engine/conveyor/engine/model/cpu_linear.py); the winning kernel is recorded.
+
 Model FLOPs: 2 x parameters used per token x tokens per second, where the parameters used
 per token are every linear layer's weights including lm_head (the embedding lookup is free).
 
@@ -19,6 +24,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,6 +48,7 @@ class Measurement:
     tokens: int
     shape: str
     gflops: float  # achieved GFLOP/s
+    kernel: str = "aten"  # the fastest kernel (KERNELS)
 
 
 def model_shapes(config: dict) -> list[LinearShape]:
@@ -89,31 +96,47 @@ def _time_call(fn, min_time_s: float) -> float:
     return best
 
 
+def _aten_linear(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: F.linear(x, weight)
+
+
+def _engine_linear(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    from conveyor.engine.model.cpu_linear import CpuLinear, onednn_packing_available
+
+    return CpuLinear(weight, None, pack=onednn_packing_available(weight.dtype))
+
+
+KERNELS: dict[str, Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = {
+    "aten": _aten_linear, "engine": _engine_linear}
+"""Kernel name -> a builder taking the [out, in] weight and giving `x -> x @ W^T`."""
+
+
 def measure_shape(shape: LinearShape, tokens: int, dtype: torch.dtype,
-                  min_time_s: float) -> float:
+                  min_time_s: float, kernel: str = "aten") -> float:
     """GFLOP/s of one linear layer at `tokens` rows."""
     x = torch.randn(tokens, shape.in_features, dtype=dtype)
-    w = torch.randn(shape.out_features, shape.in_features, dtype=dtype)
+    linear = KERNELS[kernel](torch.randn(shape.out_features, shape.in_features, dtype=dtype))
     with torch.inference_mode():
-        seconds = _time_call(lambda: F.linear(x, w), min_time_s)
+        seconds = _time_call(lambda: linear(x), min_time_s)
     return 2.0 * tokens * shape.out_features * shape.in_features / seconds / 1e9
 
 
 def measure_forward(shapes: list[LinearShape], tokens: int, dtype: torch.dtype,
-                    min_time_s: float) -> float:
+                    min_time_s: float, kernel: str = "aten") -> float:
     """GFLOP/s of all linear layers of one forward pass at `tokens` rows, run back to back.
 
     Each distinct shape has its own weight per use (no artificially warm cache).
     """
     x = {s.in_features: torch.randn(tokens, s.in_features, dtype=dtype) for s in shapes}
-    weights = [(x[s.in_features], torch.randn(s.out_features, s.in_features, dtype=dtype))
+    weights = [(x[s.in_features], s.out_features * s.in_features,
+                KERNELS[kernel](torch.randn(s.out_features, s.in_features, dtype=dtype)))
                for s in shapes for _ in range(s.per_forward)]
 
     def forward():
-        for inp, w in weights:
-            F.linear(inp, w)
+        for inp, _, linear in weights:
+            linear(inp)
 
-    flops = sum(2.0 * tokens * w.shape[0] * w.shape[1] for _, w in weights)
+    flops = sum(2.0 * tokens * size for _, size, _ in weights)
     with torch.inference_mode():
         seconds = _time_call(forward, min_time_s)
     return flops / seconds / 1e9
@@ -137,10 +160,12 @@ def run_roofline(config: dict, dtypes: list[str], tokens_list=BATCH_TOKENS,
         out["peak"][name] = measure_peak(dtype, min_time_s)
         for tokens in tokens_list:
             for shape in shapes:
-                gf = measure_shape(shape, tokens, dtype, min_time_s / 3)
-                out["shapes"].append(asdict(Measurement(name, tokens, shape.name, gf)))
-            gf = measure_forward(shapes, tokens, dtype, min_time_s)
-            out["forward"].append(asdict(Measurement(name, tokens, "forward", gf)))
+                gf, kernel = max((measure_shape(shape, tokens, dtype, min_time_s / 3, k), k)
+                                 for k in KERNELS)
+                out["shapes"].append(asdict(Measurement(name, tokens, shape.name, gf, kernel)))
+            gf, kernel = max((measure_forward(shapes, tokens, dtype, min_time_s, k), k)
+                             for k in KERNELS)
+            out["forward"].append(asdict(Measurement(name, tokens, "forward", gf, kernel)))
     return out
 
 
@@ -154,9 +179,10 @@ def format_roofline(result: dict) -> str:
              f"{result['params_per_token'] / 1e6:.1f} M"]
     for dtype, gf in result["peak"].items():
         lines.append(f"peak square matmul 2048^3 {dtype}: {gf:.1f} GFLOP/s")
-    lines.append(f"{'dtype':9s} {'M':>4s} {'shape':18s} {'GFLOP/s':>9s}")
+    lines.append(f"{'dtype':9s} {'M':>4s} {'shape':18s} {'GFLOP/s':>9s} kernel")
     for m in result["shapes"] + result["forward"]:
-        lines.append(f"{m['dtype']:9s} {m['tokens']:4d} {m['shape']:18s} {m['gflops']:9.1f}")
+        lines.append(f"{m['dtype']:9s} {m['tokens']:4d} {m['shape']:18s} {m['gflops']:9.1f} "
+                     f"{m.get('kernel', 'aten')}")
     return "\n".join(lines)
 
 

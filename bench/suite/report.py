@@ -43,7 +43,7 @@ def _roofline_table(roof: dict) -> list[str]:
         cells = [f"{s['gflops']:.1f}" for s in roof["shapes"]
                  if s["dtype"] == m["dtype"] and s["tokens"] == m["tokens"]]
         lines.append(f"| {m['dtype']} | {m['tokens']} | " + " | ".join(cells) +
-                     f" | **{m['gflops']:.1f}** |")
+                     f" | **{m['gflops']:.1f}** ({m.get('kernel', 'aten')}) |")
     return lines
 
 

@@ -2,8 +2,9 @@
 
 import pytest
 
+from bench import roofline
 from bench.kv_occupancy import measure_occupancy, mixed_workload
-from bench.roofline import LinearShape, measure_forward, model_flops, params_per_token
+from bench.roofline import KERNELS, LinearShape, measure_forward, model_flops, params_per_token
 from bench.suite.profile import FULL, QUICK
 from bench.suite.report import render
 from bench.suite.targets_check import check_targets
@@ -77,7 +78,24 @@ def test_params_and_model_flops_of_smollm2():
 
 def test_forward_measurement_runs_on_small_shapes():
     shapes = [LinearShape("a", 8, 16, 2), LinearShape("b", 16, 8, 1)]
-    assert measure_forward(shapes, 4, __import__("torch").float32, 0.001) > 0
+    for kernel in KERNELS:
+        assert measure_forward(shapes, 4, __import__("torch").float32, 0.001, kernel) > 0
+
+
+def test_roofline_keeps_the_best_kernel_per_measurement(monkeypatch):
+    import torch
+
+    config = {"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "num_hidden_layers": 1, "vocab_size": 64}
+    fake = {"aten": 10.0, "engine": 30.0}
+    monkeypatch.setattr(roofline, "measure_shape", lambda *a: fake[a[4]])
+    monkeypatch.setattr(roofline, "measure_forward", lambda *a: fake[a[4]] * 2)
+    monkeypatch.setattr(roofline, "measure_peak", lambda *a: 1.0)
+    out = roofline.run_roofline(config, ["float32"], (4,), 0.001)
+    assert {(m["gflops"], m["kernel"]) for m in out["shapes"]} == {(30.0, "engine")}
+    assert out["forward"] == [{"dtype": "float32", "tokens": 4, "shape": "forward",
+                               "gflops": 60.0, "kernel": "engine"}]
+    assert torch.get_num_threads() == out["threads"]
 
 
 def test_paged_kv_holds_real_tokens():

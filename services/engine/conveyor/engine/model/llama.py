@@ -94,7 +94,9 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """`forward` gives final hidden states [T, hidden]; `compute_logits` projects
-    only the rows the caller picks (those that need a sample) to the vocabulary."""
+    only the rows the caller picks (those that need a sample) to the vocabulary.
+    `lm_head` is None with tied embeddings, unless the loader gave the projection a
+    copy of its own (CPU kernels, loader.py)."""
 
     def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
@@ -108,5 +110,6 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, kv_caches, plan)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)
+        if self.lm_head is None:
+            return F.linear(hidden, self.model.embed_tokens.weight)
+        return self.lm_head(hidden)
