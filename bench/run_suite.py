@@ -1,6 +1,6 @@
 """Run the whole benchmark suite and write docs/benchmarks.md with plots (`make bench`).
 
-    .venv/bin/python bench/run_suite.py            # full profile, < 30 min on 2 cores
+    .venv/bin/python bench/run_suite.py            # full profile, 20-50 min on 2 cores
     .venv/bin/python bench/run_suite.py --quick    # a tiny version of everything, ~3 min
 
 Parts, in order, one server at a time: the practical roofline; KV occupancy (paged vs
@@ -87,7 +87,11 @@ class Suite:
 
         if engine_threads():  # the engine's thread count, for this process's matmuls too
             torch.set_num_threads(engine_threads())
-        result = run_roofline(load_model_config(MODEL), ["float32", "bfloat16"],
+        # bf16 only where the CPU has native bf16 math (AVX-512 BF16 / AMX): on AVX2 it is
+        # emulated at ~8 GFLOP/s and would take most of the roofline's time for nothing.
+        dtypes = ["float32"] + (["bfloat16"] if torch.ops.mkldnn._is_mkldnn_bf16_supported()
+                                else [])
+        result = run_roofline(load_model_config(MODEL), dtypes,
                               self.profile.roofline_tokens, self.profile.roofline_min_time_s)
         print(format_roofline(result))
         self.results["roofline"] = result
@@ -188,7 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="concurrency levels of the sweep, e.g. 16,32 (default: the profile's)")
     p.add_argument("--out", type=Path, default=None,
                    help="report path (default docs/benchmarks.md; --quick: a temp folder)")
-    p.add_argument("--note", default="", help="a line added under the report's header")
+    p.add_argument("--note", default="", help="a line added under the report's header "
+                   "(with --report-only: replaces the stored one)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads for every system (default: what the engine picks)")
     p.add_argument("--report-only", action="store_true",
@@ -211,7 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     from bench.suite.report import write_report
 
     if args.report_only:
-        write_report(json.loads(results_path.read_text()), doc, img_dir)
+        results = json.loads(results_path.read_text())
+        if args.note:  # a note about figures already measured, e.g. a later rerun
+            results["meta"]["note"] = args.note
+            results_path.write_text(json.dumps(results, indent=2))
+        write_report(results, doc, img_dir)
         print(f"wrote {doc}")
         return 0
     command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/run_suite.py",

@@ -151,3 +151,21 @@ def test_sweep_past_its_budget_reports_the_levels_skipped():
         concurrency_sweep(FakeTarget(), FakeMaker(), replace(QUICK, sweep_budget_s=-1),
                           log=lambda _: None)
     assert stop.value.points == []
+
+
+def test_report_only_rebuilds_from_the_json_with_a_new_note(tmp_path):
+    import json
+
+    from bench.run_suite import main
+
+    doc = tmp_path / "benchmarks.md"
+    (tmp_path / "img").mkdir()
+    stored = results()
+    stored["meta"]["note"] = "old note"
+    (tmp_path / "img" / "bench_results.json").write_text(json.dumps(stored))
+    assert main(["--report-only", "--out", str(doc)]) == 0
+    assert "old note" in doc.read_text()
+    assert main(["--report-only", "--out", str(doc), "--note", "a rerun said so"]) == 0
+    assert "a rerun said so" in doc.read_text() and "old note" not in doc.read_text()
+    saved = json.loads((tmp_path / "img" / "bench_results.json").read_text())
+    assert saved["meta"]["note"] == "a rerun said so"
