@@ -122,6 +122,7 @@ def render(results: dict, doc: Path, img_dir: Path) -> str:
     if results.get("roofline"):
         out += ["## Practical roofline (GFLOP/s of torch matmuls at the model's shapes)", ""]
         out += _roofline_table(results["roofline"]) + [""]
+    out += _gpu_lines(img_dir)
     if results.get("errors"):
         out += ["## Parts that did not run", ""]
         out += [f"- {name}: {msg}" for name, msg in results["errors"].items()] + [""]
@@ -132,6 +133,24 @@ def render(results: dict, doc: Path, img_dir: Path) -> str:
             "(`conveyor.engine.LLM`) in a closed loop at the same concurrency "
             "(`bench/inprocess_engine.py`). Servers run one at a time.", ""]
     return "\n".join(out)
+
+
+GPU_SECTION = "gpu_check.md"
+"""The section `bench/gpu_check.py --out` wrote into the report's img/ folder, if any."""
+
+
+def _gpu_lines(img_dir: Path) -> list[str]:
+    """The GPU section as gpu_check.py wrote it (dated, with the GPU's name), else a line
+    saying it has not been measured: a GPU run is never part of this suite or of CI."""
+    section = img_dir / GPU_SECTION
+    if section.is_file():
+        return [section.read_text().rstrip(), ""]
+    return ["## On a GPU", "",
+            "Not measured yet: no machine with an NVIDIA GPU has been available to run "
+            "`bench/gpu_check.py` (Triton kernels against the torch backend, decode attention "
+            "bandwidth against a device copy, offline throughput at batch 64 per backend). "
+            f"Its `--out docs/img/{GPU_SECTION}` lands here at the next "
+            "`bench/run_suite.py --report-only`.", ""]
 
 
 def write_report(results: dict, doc: Path, img_dir: Path) -> None:

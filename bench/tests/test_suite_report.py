@@ -169,3 +169,11 @@ def test_report_only_rebuilds_from_the_json_with_a_new_note(tmp_path):
     assert "a rerun said so" in doc.read_text() and "old note" not in doc.read_text()
     saved = json.loads((tmp_path / "img" / "bench_results.json").read_text())
     assert saved["meta"]["note"] == "a rerun said so"
+
+
+def test_gpu_section_is_the_gpu_check_output_or_says_not_measured(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    assert "Not measured yet" in render(results(), doc, tmp_path / "img")
+    (tmp_path / "img" / "gpu_check.md").write_text("## On a GPU: NVIDIA H200, 2026-12-01\n\nPASS\n")
+    text = render(results(), doc, tmp_path / "img")
+    assert "NVIDIA H200, 2026-12-01" in text and "Not measured yet" not in text
