@@ -14,7 +14,7 @@ needs_onednn = pytest.mark.skipif(not onednn_packing_available(torch.float32),
                                   reason="this torch build has no oneDNN prepacked linear")
 
 
-@pytest.mark.parametrize("rows", [1, 2, 7, 64])
+@pytest.mark.parametrize("rows", [0, 1, 2, 7, 64])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_linear(rows: int, bias: bool) -> None:
     torch.manual_seed(rows)
