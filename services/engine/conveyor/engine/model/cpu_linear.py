@@ -1,7 +1,7 @@
 """Linear layers on the CPU, with the GEMM kernel that suits the step's row count.
 
 Measured on this project's CPU machine (AMD EPYC, AVX2, fp32, one thread, 30 layers'
-weights streamed from DRAM; docs/performance.md, change 7): MKL's GEMM runs 1.3-1.6x
+weights streamed from DRAM; docs/performance.md, change 7): MKL's GEMM runs 1.2-1.6x
 slower than oneDNN with a prepacked weight from 2 to 1,024 rows, while MKL's GEMV on a
 column-major weight is the quickest for a single row (one stream decoding), where
 oneDNN is 1.4x slower. So a layer keeps its weight twice: column-major for one row,
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 PACK_BATCH_HINT = 2048
 """Rows oneDNN is told to expect when it picks the packed layout (the default
-max_num_batched_tokens); measured no slower than a 16-row hint at 2-32 rows."""
+max_num_batched_tokens); measured within noise of a 16-row hint at 2-32 rows."""
 
 
 def onednn_packing_available(dtype: torch.dtype) -> bool:
