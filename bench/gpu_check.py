@@ -31,9 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch and triton are imported after TRITON_INTERPRET is decided
-    import torch
-
-    from conveyor.engine.attention import AttentionMetadata, AttentionSpec
+    from conveyor.engine.attention.random_step import RandomStep
 
 TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-2}
 """Attention passes when |triton - torch| <= tol * (1 + |torch|) everywhere: a few units in
@@ -57,16 +55,6 @@ class Case:
     group: int
     head_dim: int
     seqs: list[tuple[int, int]]
-
-
-@dataclass(slots=True)
-class Step:
-    spec: AttentionSpec
-    meta: AttentionMetadata
-    query: torch.Tensor
-    key: torch.Tensor
-    value: torch.Tensor
-    kv_cache: torch.Tensor
 
 
 @dataclass(slots=True)
@@ -118,48 +106,17 @@ def gpu_cases() -> list[Case]:
     ]
 
 
-def random_step(case: Case, dtype, device: str, seed: int = 0) -> Step:
-    """A paged step over a pool whose blocks are handed out in shuffled order."""
-    import torch
+def random_step(case: Case, dtype, device: str, seed: int = 0) -> RandomStep:
+    """The engine's random paged step (conveyor.engine.attention.random_step) for `case`,
+    on `device`."""
+    from conveyor.engine.attention.random_step import random_step as engine_random_step
 
-    from conveyor.engine.attention import AttentionMetadata, AttentionSpec
-
-    gen = torch.Generator().manual_seed(seed)
-    size = case.block_size
-    need = [-(-(cached + new) // size) for cached, new in case.seqs]
-    num_blocks = sum(need) + 3
-    tables = torch.split(torch.randperm(num_blocks, generator=gen)[:sum(need)], need)
-    block_tables = torch.zeros(len(need), max(need), dtype=torch.int32)
-    slots, positions, owner = [], [], []
-    for row, ((cached, new), table) in enumerate(zip(case.seqs, tables, strict=True)):
-        block_tables[row, :len(table)] = table.to(torch.int32)
-        pos = torch.arange(cached, cached + new)
-        slots.append(table[pos // size] * size + pos % size)
-        positions.append(pos)
-        owner.append(torch.full((new,), row))
-    query_lens = torch.tensor([new for _, new in case.seqs])
-    seq_lens = torch.tensor([cached + new for cached, new in case.seqs])
-    meta = AttentionMetadata(
-        *(t.to(device) for t in (torch.cat(slots), torch.cat(positions), torch.cat(owner),
-                                 torch.cat([torch.zeros(1, dtype=torch.int64),
-                                            query_lens.cumsum(0)]),
-                                 seq_lens, block_tables)),
-        block_size=size, max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()))
-    num_heads = case.num_kv_heads * case.group
-    spec = AttentionSpec(num_heads, case.num_kv_heads, case.head_dim, case.head_dim ** -0.5)
-    torch.manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, device=device, dtype=dtype)
-
-    tokens = meta.num_tokens
-    return Step(spec, meta, randn(tokens, num_heads, case.head_dim),
-                randn(tokens, case.num_kv_heads, case.head_dim),
-                randn(tokens, case.num_kv_heads, case.head_dim),
-                randn(2, num_blocks, size, case.num_kv_heads, case.head_dim))
+    return engine_random_step(block_size=case.block_size, num_kv_heads=case.num_kv_heads,
+                              group=case.group, head_dim=case.head_dim, seqs=case.seqs,
+                              seed=seed, dtype=dtype).to(device)
 
 
-def make_forward(name: str, step: Step, kv_cache):
+def make_forward(name: str, step: RandomStep, kv_cache):
     """A zero-argument call of backend `name`'s forward on `step` (plan built once)."""
     from conveyor.engine.attention import create_backend
 
