@@ -1,6 +1,7 @@
 """The asyncio gRPC server every service runs: health, reflection, tracing,
-and a graceful drain on SIGTERM (health NOT_SERVING, in-flight streams get
-`drain_timeout_s` to finish, then the process exits)."""
+and a graceful drain on SIGTERM, readiness first: health NOT_SERVING at once,
+then the service's own `on_signal` (the engine leaves the registry), then
+in-flight streams get `drain_timeout_s` to finish, then the process exits."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ class GrpcService:
             await self.health.set(name, status)
 
     async def drain(self, timeout_s: float) -> None:
-        """Stop taking calls, let in-flight ones finish within timeout_s, then stop."""
+        """Stop taking calls, let in-flight ones finish within timeout_s, then stop.
+        Health is already NOT_SERVING when serve_until_signalled calls this."""
         await self.set_serving(False)
         await self.server.stop(grace=timeout_s)
 
@@ -93,8 +95,9 @@ async def serve_until_signalled(
     on_drained: Callable[[], Awaitable[None]] | None = None,
     on_signal: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Run until SIGTERM or SIGINT, then call on_signal (before the drain: e.g. leave a
-    registry so no new calls come), drain gracefully and call on_drained."""
+    """Run until SIGTERM or SIGINT; then, in this order: health NOT_SERVING (probes and
+    clients see it first), on_signal (e.g. leave a registry so no new calls come), drain
+    within drain_timeout_s, on_drained."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -103,6 +106,7 @@ async def serve_until_signalled(
     print(f"CONVEYOR_LISTENING port={service.port}", flush=True)
     log.info("serving %s on %s:%d", ", ".join(service.names), settings.host, service.port)
     await stop.wait()
+    await service.set_serving(False)
     if on_signal is not None:
         await on_signal()
     log.info("draining (up to %.1fs for in-flight calls)", settings.drain_timeout_s)

@@ -11,10 +11,12 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
+from conveyor.gateway.body_limit import BodySizeLimitMiddleware
 from conveyor.gateway.errors import APIError, internal_error
 from conveyor.gateway.genai_span import RequestSpanMiddleware
 from conveyor.gateway.generation_endpoint import error_response
 from conveyor.gateway.pipeline import Pipeline
+from conveyor.gateway.probes import router as probes_router
 from conveyor.gateway.routes import router
 from conveyor.gateway.settings import GatewaySettings
 from conveyor.gateway.validation_errors import validation_error
@@ -35,7 +37,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     app = FastAPI(title="Conveyor", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.include_router(router)
+    app.include_router(probes_router)
     app.add_middleware(RequestSpanMiddleware)
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     _add_error_handlers(app)
     return app
 

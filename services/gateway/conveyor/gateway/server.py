@@ -1,9 +1,17 @@
-"""Run the gateway under uvicorn: print the bound port, drain on SIGTERM."""
+"""Run the gateway under uvicorn: print the bound port, drain on SIGTERM, readiness first.
+
+On the first SIGTERM (or SIGINT) the gateway keeps listening: `/ready` answers 503 at
+once while `/live` stays 200, new API requests get 503 with Retry-After, and the
+requests in flight go on. Once none is left, or `drain_timeout_s` after the signal,
+uvicorn's own shutdown runs (it cancels what is still running) and the process exits
+with status 0. A second signal skips the wait.
+"""
 
 from __future__ import annotations
 
 import logging
 import socket
+import time
 
 import uvicorn
 from fastapi import FastAPI
@@ -15,14 +23,19 @@ from conveyor.gateway.settings import GatewaySettings
 
 log = logging.getLogger("conveyor.gateway")
 
+MIN_SHUTDOWN_S = 0.5
+"""What uvicorn's shutdown gets at least, after the drain, to close connections."""
+
 
 class GatewayServer(uvicorn.Server):
     """uvicorn's server that announces its port once bound (the line launchers and
-    tests wait for) and marks the pipeline draining as soon as a signal arrives."""
+    tests wait for) and drains before it stops listening (see the module doc)."""
 
-    def __init__(self, config: uvicorn.Config, app: FastAPI):
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_timeout_s: float):
         super().__init__(config)
         self._app = app
+        self._drain_timeout_s = drain_timeout_s
+        self._drain_deadline: float | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -32,10 +45,26 @@ class GatewayServer(uvicorn.Server):
             log.info("gateway serving on http://%s:%d", self.config.host, port)
 
     def handle_exit(self, sig: int, frame) -> None:
+        if self._drain_deadline is not None or self.should_exit:
+            super().handle_exit(sig, frame)
+            return
         pipeline = getattr(self._app.state, "pipeline", None)
         if pipeline is not None:
             pipeline.draining = True
-        super().handle_exit(sig, frame)
+        self._drain_deadline = time.monotonic() + self._drain_timeout_s
+        log.info("draining: not ready; up to %.1fs for requests in flight",
+                 self._drain_timeout_s)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_deadline is not None and not self.should_exit and self._drained():
+            self.config.timeout_graceful_shutdown = max(
+                MIN_SHUTDOWN_S, self._drain_deadline - time.monotonic())
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    def _drained(self) -> bool:
+        """Nothing in flight any more, or the drain timeout is up."""
+        return not self.server_state.tasks or time.monotonic() >= self._drain_deadline
 
 
 def main() -> None:
@@ -47,4 +76,4 @@ def main() -> None:
         app, host=settings.host, port=settings.port, log_config=None, access_log=False,
         timeout_graceful_shutdown=settings.drain_timeout_s, lifespan="on",
     )
-    GatewayServer(config, app).run()
+    GatewayServer(config, app, settings.drain_timeout_s).run()
