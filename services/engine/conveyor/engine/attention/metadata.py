@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
+PADDING_SLOT = -1
+"""slot_mapping entry of a padding token (the rows a CUDA graph runs past the real
+batch): the triton store skips it, so padding never writes the pool."""
+
 
 @dataclass(slots=True)
 class AttentionMetadata:
