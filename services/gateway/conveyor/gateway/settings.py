@@ -45,6 +45,10 @@ class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings):
         0.25, ge=0, description="How long engine loads (Stats) are reused to pick an engine."
     )
     max_n: int = Field(16, ge=1, description="Largest n (choices per prompt) a request may use.")
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1, description="Largest request body in bytes; a larger one gets 413 "
+        "before it is read."
+    )
 
     @property
     def engine_address_list(self) -> list[str]:
