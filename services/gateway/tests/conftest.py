@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib.util
 import sys
+import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
+from redis import Redis as SyncRedis
 
 from conveyor.gateway.app import create_app
 from conveyor.gateway.settings import GatewaySettings
@@ -101,3 +105,48 @@ async def _wait_until(condition, timeout_s: float = 1.0) -> None:
 def wait_until():
     """`await wait_until(condition, timeout_s=1.0)`: fails when it stays false that long."""
     return _wait_until
+
+
+class ThreadedGateway:
+    """The fakes and a gateway over them, served by an event loop on a thread of their
+    own, so synchronous tests (hypothesis, schemathesis) can call them over HTTP."""
+
+    def __init__(self, redis_url: str, **overrides):
+        self.prefix = f"test:{uuid.uuid4().hex}"
+        self._redis_url = redis_url
+        self._overrides = overrides
+        self._ready: concurrent.futures.Future = concurrent.futures.Future()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True)
+
+    def __enter__(self) -> Gateway:
+        self._thread.start()
+        return self._ready.result(timeout=30)
+
+    def __exit__(self, *exc_info) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        client = SyncRedis.from_url(self._redis_url)
+        keys = list(client.scan_iter(match=f"{self.prefix}:*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+    async def _serve(self) -> None:
+        fakes = await start_fakes()
+        settings = GatewaySettings(**{
+            "port": 0, "tokenizer_address": fakes.address("tokenizer"),
+            "engine_addresses": fakes.address("engine"), "detok_address": fakes.address("detok"),
+            "redis_url": self._redis_url, "redis_prefix": self.prefix, "auth_enabled": False,
+            **self._overrides})
+        app, self._server, task = await _serve(settings)
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        self._ready.set_result(Gateway(f"http://127.0.0.1:{port}", app, fakes))
+        await task
+        await fakes.stop()
+
+
+@pytest.fixture(scope="module")
+def threaded_gateway(redis_url):
+    """A ThreadedGateway for the module's synchronous tests (auth off)."""
+    with ThreadedGateway(redis_url) as served:
+        yield served

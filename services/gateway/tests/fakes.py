@@ -38,6 +38,8 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
 
     async def Tokenize(self, request, context):
         if request.HasField("token_ids"):
+            if any(i >= VOCAB_SIZE for i in request.token_ids.ids):  # as the real one refuses
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token id out of range")
             text = "".join(chr(i) for i in request.token_ids.ids)
         else:
             text = request.text
@@ -57,6 +59,8 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
                                               num_tokens=len(ids), max_model_len=MAX_MODEL_LEN)
 
     async def Decode(self, request, context):
+        if any(i >= VOCAB_SIZE for i in request.token_ids):  # as the real tokenizer refuses
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token id outside the vocabulary")
         return tokenizer_pb2.DecodeResponse(text="".join(chr(i) for i in request.token_ids))
 
     async def Info(self, request, context):

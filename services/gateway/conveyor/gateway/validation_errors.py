@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from conveyor.gateway.api_models import INVALID_UNICODE
 from conveyor.gateway.errors import APIError, bad_request
 
 _NOT_AN_OBJECT = {"model_attributes_type", "dict_type", "model_type"}
@@ -20,6 +21,8 @@ def validation_error(errors: Sequence[dict[str, Any]]) -> APIError:
         return bad_request(f"malformed JSON in the request body: {_json_detail(first)}")
     if not loc and (first.get("type") in _NOT_AN_OBJECT or first.get("type") == "missing"):
         return bad_request("the request body must be a JSON object")
+    if first.get("type") == INVALID_UNICODE:
+        return bad_request(first.get("msg", "invalid Unicode"), first["ctx"]["param"])
     param = ".".join(_without_union_tags(loc)) or None
     message = first.get("msg", "invalid value")
     return bad_request(f"{param}: {message}" if param else message, param)
