@@ -1,20 +1,58 @@
-"""Client channels to other services, with tracing and request-id metadata."""
+"""Client channels to other services, with tracing, request-id metadata and keepalive."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conveyor.common.grpc_interceptors import client_interceptors
-from conveyor.common.grpc_server import SERVER_OPTIONS
-
-CHANNEL_OPTIONS = [opt for opt in SERVER_OPTIONS if opt[0] != "grpc.so_reuseport"]
+from conveyor.common.grpc_server import MAX_MESSAGE_BYTES, MIN_CLIENT_PING_INTERVAL_MS
 
 
-def open_channel(target: str) -> grpc.aio.Channel:
+@dataclass(slots=True, frozen=True)
+class Keepalive:
+    """HTTP/2 keepalive of a channel: a ping every `time_s`, with or without calls in
+    flight; a peer that does not answer within `timeout_s` (a SIGSTOP'ed process, a cut
+    link: nothing resets the connection) is dropped, failing its calls with UNAVAILABLE.
+    A dead peer is thus found within about time_s + timeout_s."""
+
+    time_s: float = 2.0
+    timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.time_s * 1000 < MIN_CLIENT_PING_INTERVAL_MS:
+            raise ValueError(f"keepalive time_s must be >= {MIN_CLIENT_PING_INTERVAL_MS / 1000}"
+                             f" s (servers refuse faster pings), got {self.time_s}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"keepalive timeout_s must be > 0, got {self.timeout_s}")
+
+    def channel_options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.keepalive_time_ms", round(self.time_s * 1000)),
+            ("grpc.keepalive_timeout_ms", round(self.timeout_s * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+
+
+DEFAULT_KEEPALIVE = Keepalive()
+
+
+def channel_options(keepalive: Keepalive = DEFAULT_KEEPALIVE) -> list[tuple[str, int]]:
+    """Every channel's options: message size limits and keepalive."""
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        *keepalive.channel_options(),
+    ]
+
+
+def open_channel(target: str, keepalive: Keepalive = DEFAULT_KEEPALIVE) -> grpc.aio.Channel:
     """An insecure asyncio channel to `target` (host:port) that propagates traces."""
     return grpc.aio.insecure_channel(
-        target, options=CHANNEL_OPTIONS, interceptors=client_interceptors()
+        target, options=channel_options(keepalive), interceptors=client_interceptors()
     )
 
 

@@ -21,10 +21,21 @@ from conveyor.common.settings import ServiceSettings
 log = logging.getLogger("conveyor.grpc")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MIN_CLIENT_PING_INTERVAL_MS = 1000
+"""Clients may ping this often without calls in flight (their keepalive_time_s >= 1 s);
+the server answers a faster client with GOAWAY too_many_pings."""
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+    # The server pings its callers too, so streams of a caller that vanished end.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Enforcement: accept the clients' keepalive pings (grpc_client.Keepalive).
+    ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 

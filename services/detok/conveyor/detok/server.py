@@ -12,6 +12,7 @@ from conveyor.common.grpc_server import (
 )
 from conveyor.common.log import setup_logging
 from conveyor.common.models import load_tokenizer, resolve_model
+from conveyor.common.registration import replica_registration
 from conveyor.common.tracing import setup_tracing
 from conveyor.detok.servicer import DetokenizerServicer
 from conveyor.detok.settings import DetokSettings
@@ -37,4 +38,8 @@ async def serve(settings: DetokSettings) -> None:
     tokenizer = await asyncio.to_thread(load_tokenizer, source)
     log.info("tokenizer of %s loaded (%d tokens)", source.name, len(tokenizer))
     service = await start_grpc_server(settings, [registration(tokenizer)])
-    await serve_until_signalled(service, settings)
+    listing = replica_registration("detok", settings, settings.model_name, service.port)
+    if listing is not None:
+        await listing.start()
+    await serve_until_signalled(service, settings,
+                                on_signal=listing.stop if listing is not None else None)

@@ -9,13 +9,13 @@ import grpc
 from redis.asyncio import Redis
 
 from conveyor.common.engine_registry import EngineRegistry
-from conveyor.common.grpc_client import open_channel
 from conveyor.gateway.detok_client import DetokClient
 from conveyor.gateway.engine_clients import EngineClients
 from conveyor.gateway.engine_directory import EngineDirectory
 from conveyor.gateway.engine_picker import EnginePicker
 from conveyor.gateway.metrics import GatewayMetrics
 from conveyor.gateway.model_catalog import ModelCatalog
+from conveyor.gateway.replica_sets import replica_set
 from conveyor.gateway.routing.router import Router
 from conveyor.gateway.settings import GatewaySettings
 from conveyor.gateway.static_engines import StaticEngines
@@ -53,10 +53,9 @@ class Pipeline:
     @classmethod
     def connect(cls, settings: GatewaySettings) -> Pipeline:
         """Open one channel per service and one Redis client (all lazily connected)."""
-        tokenizer_channel = open_channel(settings.tokenizer_address)
-        detok_channel = open_channel(settings.detok_address)
-        tokenizer = TokenizerClient(tokenizer_channel, settings.rpc_timeout_s)
         redis = Redis.from_url(settings.redis_url, decode_responses=True)
+        tokenizer = TokenizerClient(replica_set("tokenizer", settings.tokenizer_address,
+                                                settings, redis), settings.rpc_timeout_s)
         engines = EngineClients(settings.rpc_timeout_s)
         directory = _directory(settings, redis, engines)
         if not settings.auth_enabled:
@@ -66,7 +65,8 @@ class Pipeline:
         return cls(
             settings=settings,
             tokenizer=tokenizer,
-            detok=DetokClient(detok_channel, min(settings.rpc_timeout_s, 2.0)),
+            detok=DetokClient(replica_set("detok", settings.detok_address, settings, redis),
+                              min(settings.rpc_timeout_s, 2.0)),
             engines=engines,
             directory=directory,
             router=Router.from_settings(redis, settings, prefix=settings.redis_prefix,
@@ -78,12 +78,13 @@ class Pipeline:
             catalog=ModelCatalog(tokenizer, settings.served_model_name),
             token_texts=TokenTexts(tokenizer),
             metrics=GatewayMetrics(),
-            channels=[tokenizer_channel, detok_channel],
         )
 
     async def close(self) -> None:
         for channel in self.channels:
             await channel.close()
+        await self.tokenizer.close()
+        await self.detok.close()
         await self.engines.close()
         await self.redis.aclose()
 

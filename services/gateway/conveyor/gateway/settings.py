@@ -22,13 +22,33 @@ class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings):
 
     port: int = Field(8000, description="HTTP port to listen on (0 picks a free one).")
     tokenizer_address: str = Field(
-        "127.0.0.1:50051", description="host:port of the tokenizer service."
+        "127.0.0.1:50051", description="Comma-separated host:port list of tokenizer replicas, "
+        "used only while none has registered in Redis."
     )
     engine_addresses: str = Field(
         "127.0.0.1:50052", description="Comma-separated host:port list of engine replicas, "
         "used only while no engine has registered in Redis (single-engine and local setups)."
     )
-    detok_address: str = Field("127.0.0.1:50053", description="host:port of the detok service.")
+    detok_address: str = Field(
+        "127.0.0.1:50053", description="Comma-separated host:port list of detok replicas, "
+        "used only while none has registered in Redis."
+    )
+    replica_refresh_s: float = Field(
+        1.0, gt=0, description="Seconds between reads of the tokenizer and detok replicas "
+        "registered in Redis (a new replica gets calls within this)."
+    )
+    replica_max_attempts: int = Field(
+        3, ge=1, description="Replicas one tokenizer call or detok stream tries before it fails "
+        "(a replica that does not answer is replaced by another)."
+    )
+    keepalive_time_s: float = Field(
+        2.0, ge=1.0, description="Seconds between keepalive pings on tokenizer and detok "
+        "channels (servers accept one a second at most)."
+    )
+    keepalive_timeout_s: float = Field(
+        2.0, gt=0, description="Seconds a keepalive ping may go unanswered before the peer is "
+        "dropped (its calls fail over to another replica)."
+    )
     served_model_name: str | None = Field(
         None, description="Model name clients use (default: the name the tokenizer serves)."
     )

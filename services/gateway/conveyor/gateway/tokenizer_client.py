@@ -1,10 +1,9 @@
-"""Client of the tokenizer service (render, tokenize, decode, info)."""
+"""Client of the tokenizer service (render, tokenize, decode, info), balanced over its
+replicas: a call a replica fails to answer is retried on another (ReplicaSet.call)."""
 
 from __future__ import annotations
 
-import grpc
-
-from conveyor.common.grpc_client import is_serving
+from conveyor.common.replica_set import ReplicaSet
 from conveyor.gateway import convert
 from conveyor.gateway.tokenizer_records import (
     PromptInput,
@@ -19,40 +18,38 @@ SERVICE = "tokenizer"
 
 
 class TokenizerClient:
-    """Unary calls to the tokenizer over one shared channel, each with a deadline."""
+    """Unary calls to the tokenizer replicas, each with a deadline."""
 
-    def __init__(self, channel: grpc.aio.Channel, rpc_timeout_s: float):
-        self._channel = channel
-        self._stub = tokenizer_pb2_grpc.TokenizerStub(channel)
+    def __init__(self, replicas: ReplicaSet, rpc_timeout_s: float):
+        self._replicas = replicas
         self._timeout_s = rpc_timeout_s
 
     async def render(self, render: RenderInput) -> PromptTokens:
-        with translate_rpc_errors(SERVICE):
-            reply = await self._stub.Render(
-                convert.render_request(render), timeout=self._timeout_s
-            )
-        return convert.prompt_tokens(reply)
+        return convert.prompt_tokens(await self._call("Render", convert.render_request(render)))
 
     async def tokenize(self, prompt: PromptInput) -> PromptTokens:
-        with translate_rpc_errors(SERVICE):
-            reply = await self._stub.Tokenize(
-                convert.tokenize_request(prompt), timeout=self._timeout_s
-            )
-        return convert.prompt_tokens(reply)
+        return convert.prompt_tokens(
+            await self._call("Tokenize", convert.tokenize_request(prompt)))
 
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
-        with translate_rpc_errors(SERVICE):
-            reply = await self._stub.Decode(
-                convert.decode_request(token_ids, skip_special_tokens), timeout=self._timeout_s
-            )
-        return convert.decoded_text(reply)
+        return convert.decoded_text(await self._call(
+            "Decode", convert.decode_request(token_ids, skip_special_tokens)))
 
     async def info(self) -> TokenizerFacts:
-        with translate_rpc_errors(SERVICE):
-            reply = await self._stub.Info(
-                convert.tokenizer_info_request(), timeout=self._timeout_s
-            )
-        return convert.tokenizer_facts(reply)
+        return convert.tokenizer_facts(
+            await self._call("Info", convert.tokenizer_info_request()))
 
     async def is_serving(self) -> bool:
-        return await is_serving(self._channel, timeout_s=self._timeout_s)
+        return await self._replicas.is_serving(self._timeout_s)
+
+    async def close(self) -> None:
+        await self._replicas.close()
+
+    async def _call(self, method: str, request):
+        """`method` on one replica, on another when that one does not answer."""
+        async def on(channel):
+            stub = tokenizer_pb2_grpc.TokenizerStub(channel)
+            return await getattr(stub, method)(request, timeout=self._timeout_s)
+
+        with translate_rpc_errors(SERVICE):
+            return await self._replicas.call(on)

@@ -12,6 +12,7 @@ from conveyor.common.grpc_server import (
 )
 from conveyor.common.log import setup_logging
 from conveyor.common.models import load_config, load_tokenizer, max_model_len_of, resolve_model
+from conveyor.common.registration import replica_registration
 from conveyor.common.tracing import setup_tracing
 from conveyor.tokenizer.chat_renderer import ChatRenderer
 from conveyor.tokenizer.prompt_service import PromptService
@@ -52,8 +53,12 @@ async def serve(settings: TokenizerSettings) -> None:
     log.info("serving %s: %d tokens, max_model_len %d", service.info.model,
              service.info.facts.vocab_size, service.info.max_model_len)
     server = await start_grpc_server(settings, [registration(service)])
+    listing = replica_registration("tokenizer", settings, service.info.model, server.port)
+    if listing is not None:
+        await listing.start()
     try:
-        await serve_until_signalled(server, settings)
+        await serve_until_signalled(server, settings,
+                                    on_signal=listing.stop if listing is not None else None)
     finally:
         service.close()
 

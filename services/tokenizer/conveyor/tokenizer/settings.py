@@ -5,12 +5,13 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from conveyor.common.registration_settings import RegistrationSettings
 from conveyor.common.settings import ModelSettingsMixin, ServiceSettings
 
 DEFAULT_PORT = 50051
 
 
-class TokenizerSettings(ModelSettingsMixin, ServiceSettings):
+class TokenizerSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
     """Everything the tokenizer reads at start (e.g. CONVEYOR_TOKENIZER_PORT)."""
 
     model_config = SettingsConfigDict(env_prefix="CONVEYOR_TOKENIZER_", extra="ignore")

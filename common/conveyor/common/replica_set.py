@@ -1,0 +1,184 @@
+"""The live replicas of one stateless service (tokenizer, detok), and calls balanced
+over them: the one piece of discovery and balancing every such client uses.
+
+Discovery is the Redis service registry the replicas heartbeat into
+(`service_registry`): it is re-read every `refresh_s` in the background, so a
+replica that registers gets calls within `refresh_s` and one that deregisters
+(drain) or stops beating (crash, SIGSTOP, cut link: gone after its TTL) stops
+getting new ones. While none is registered, or Redis could not be read yet, the
+static addresses stand in (local runs, single-replica setups).
+
+Picking is round robin over the live replicas, minus those a call just failed
+to reach (UNAVAILABLE, or a deadline on a peer that stopped answering): those
+are left out for `unreachable_for_s`, so the next calls move on at once instead
+of waiting for the registry entry to expire. Channels carry keepalive
+(`grpc_client.Keepalive`), which turns a peer that vanished without a reset
+into UNAVAILABLE within a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+from redis.exceptions import RedisError
+
+from conveyor.common.grpc_client import DEFAULT_KEEPALIVE, Keepalive, is_serving, open_channel
+from conveyor.common.service_registry import DEFAULT_TTL_S, ReplicaEntry, ServiceRegistry
+
+log = logging.getLogger("conveyor.replicas")
+
+T = TypeVar("T")
+
+FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+"""Status codes that mean "this replica did not answer": the call is tried on another."""
+
+LIST_TIMEOUT_S = 2.0
+"""Longest one read of the registry may take (a hung Redis keeps the last list)."""
+
+
+def is_replica_failure(error: grpc.aio.AioRpcError) -> bool:
+    """True when `error` says the replica, not the request, failed."""
+    return error.code() in FAILOVER_CODES
+
+
+def no_replica_error(service: str) -> grpc.aio.AioRpcError:
+    """The UNAVAILABLE a call gets when there is no replica left to try."""
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
+                                grpc.aio.Metadata(), details=f"no {service} replica to call")
+
+
+@dataclass(slots=True, frozen=True)
+class Replica:
+    """One replica: its address and the channel to it (shared, never closed by callers)."""
+
+    address: str
+    channel: grpc.aio.Channel
+
+
+class ReplicaSet:
+    """Channels to the live replicas of `service`, picked round robin.
+
+    The background refresh starts with the first pick (it needs a running loop);
+    `close()` stops it and closes every channel opened.
+    """
+
+    def __init__(self, service: str, registry: ServiceRegistry[ReplicaEntry] | None,
+                 static_addresses: Sequence[str], *, refresh_s: float = 1.0,
+                 unreachable_for_s: float = DEFAULT_TTL_S, max_attempts: int = 3,
+                 keepalive: Keepalive = DEFAULT_KEEPALIVE):
+        if refresh_s <= 0 or max_attempts < 1:
+            raise ValueError(f"{service} replicas: refresh_s must be > 0 and max_attempts >= 1")
+        self.service = service
+        self.max_attempts = max_attempts
+        self._registry = registry
+        self._static = list(static_addresses)
+        self._refresh_s = refresh_s
+        self._unreachable_for_s = unreachable_for_s
+        self._keepalive = keepalive
+        self._addresses: list[str] = list(static_addresses)
+        self._listed = asyncio.Event()
+        self._refresher: asyncio.Task[None] | None = None
+        self._unreachable_until: dict[str, float] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._num_picks = 0
+
+    async def live_addresses(self) -> list[str]:
+        """The replicas as last listed (waits for the first listing)."""
+        if self._refresher is None:
+            self._refresher = asyncio.create_task(self._refresh_forever(),
+                                                  name=f"replicas-{self.service}")
+        await self._listed.wait()
+        return list(self._addresses)
+
+    async def pick(self, exclude: Collection[str] = ()) -> Replica:
+        """The next replica round robin, skipping `exclude` and those marked unreachable
+        (unless only those are left); UNAVAILABLE when every live one is excluded."""
+        live = [a for a in await self.live_addresses() if a not in exclude]
+        reachable = [a for a in live if not self._is_unreachable(a)]
+        candidates = reachable or live
+        if not candidates:
+            raise no_replica_error(self.service)
+        address = candidates[self._num_picks % len(candidates)]
+        self._num_picks += 1
+        return Replica(address, self._channel(address))
+
+    def mark_unreachable(self, address: str) -> None:
+        """A call could not reach `address`: pick around it for `unreachable_for_s`."""
+        now = asyncio.get_running_loop().time()
+        self._unreachable_until[address] = now + self._unreachable_for_s
+
+    async def call(self, rpc: Callable[[grpc.aio.Channel], Awaitable[T]]) -> T:
+        """`rpc(channel)` on one replica; when that replica fails (FAILOVER_CODES), on
+        another, up to `max_attempts` replicas. Other errors are raised at once."""
+        tried: list[str] = []
+        while True:
+            replica = await self.pick(exclude=tried)
+            try:
+                return await rpc(replica.channel)
+            except grpc.aio.AioRpcError as error:
+                tried.append(replica.address)
+                if not is_replica_failure(error) or len(tried) >= self.max_attempts:
+                    raise
+                self.failed(replica.address, error)
+                if len(tried) >= len(await self.live_addresses()):
+                    raise
+
+    def failed(self, address: str, error: grpc.aio.AioRpcError) -> None:
+        """Log a replica failure and mark the replica unreachable."""
+        log.warning("%s replica %s failed (%s: %s): trying another", self.service, address,
+                    error.code().name, error.details())
+        self.mark_unreachable(address)
+
+    async def is_serving(self, timeout_s: float) -> bool:
+        """True when some live replica reports SERVING."""
+        for address in await self.live_addresses():
+            if await is_serving(self._channel(address), timeout_s=timeout_s):
+                return True
+        return False
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+        for channel in self._channels.values():
+            await channel.close()
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = open_channel(address, self._keepalive)
+        return channel
+
+    def _is_unreachable(self, address: str) -> bool:
+        until = self._unreachable_until.get(address)
+        if until is None:
+            return False
+        if asyncio.get_running_loop().time() < until:
+            return True
+        del self._unreachable_until[address]
+        return False
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await self._refresh()
+            self._listed.set()
+            await asyncio.sleep(self._refresh_s)
+
+    async def _refresh(self) -> None:
+        if self._registry is None:
+            return
+        try:
+            entries = await asyncio.wait_for(self._registry.list_live(), LIST_TIMEOUT_S)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("cannot read the %s registry (%s): keeping %s", self.service, exc,
+                        self._addresses)
+            return
+        addresses = [e.address for e in entries] or self._static
+        if addresses != self._addresses:
+            log.info("%s replicas: %s", self.service, ", ".join(addresses) or "none")
+        self._addresses = addresses
