@@ -200,3 +200,23 @@ def make_runner(smollm2_model):
         return ModelRunner(RunnerConfig(**settings), model=smollm2_model)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_runner():
+    """ModelRunner(s) over one random tiny Llama (worker/random_model.py) with the triton
+    backend (the interpreter on CPU): fast enough for step-by-step runner tests."""
+    from conveyor.engine.worker.model_runner import ModelRunner
+    from conveyor.engine.worker.random_model import random_llama
+    from conveyor.engine.worker.runner_config import RunnerConfig
+
+    model = random_llama("tiny", attention_backend="triton")
+
+    def make(**overrides):
+        settings = dict(model="(random tiny)", attention_backend="triton", block_size=16,
+                        num_blocks=64, max_model_len=256, max_num_batched_tokens=64,
+                        max_num_seqs=16, seed=0)
+        settings.update(overrides)
+        return ModelRunner(RunnerConfig(**settings), model=model)
+
+    return make

@@ -11,6 +11,7 @@ from conveyor.engine.model.llama import LlamaForCausalLM
 from conveyor.engine.model.loader import load_model
 from conveyor.engine.sampling.sampler import Sampler
 from conveyor.engine.worker import kv_sizing
+from conveyor.engine.worker.cuda_graphs import DecodeGraphs, capture_sizes
 from conveyor.engine.worker.kv_cache import allocate_kv_caches, kv_bytes_per_block
 from conveyor.engine.worker.profile_step import profiling_step
 from conveyor.engine.worker.runner_config import RunnerConfig
@@ -23,9 +24,10 @@ class ModelRunner:
     """Owns the model, the KV pool and the sampler; `execute` runs one step.
 
     Invariants: the pool has `capacity.num_blocks` blocks of `config.block_size`
-    tokens, and block ids in a SchedulerOutput must be below that. `execute` is
-    synchronous: when it returns, the step's K/V are in the pool and the input
-    buffers may be refilled.
+    tokens, and block ids in a SchedulerOutput must be below that. `execute` waits
+    for the device at most once: reading the sampled tokens, or (a step where no
+    request samples) waiting for the step's input copies only, so the next step may
+    refill the pinned host buffers; the step's kernels may still be running then.
     """
 
     def __init__(self, config: RunnerConfig, eos_token_ids: tuple[int, ...] | None = None,
@@ -46,20 +48,24 @@ class ModelRunner:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
             block_size=config.block_size, device=self.device)
+        self.decode_graphs: DecodeGraphs | None = None
         self.capacity = self._size_kv_pool()
         self.kv_caches = allocate_kv_caches(self.model_config, self.capacity.num_blocks,
                                             config.block_size, config.torch_dtype, self.device)
+        if config.uses_cuda_graphs:
+            self.decode_graphs = self.build_decode_graphs()
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step: write the new K/V, sample where a request needs a token."""
         if output.is_empty:
             return ModelRunnerOutput()
-        inputs = self.inputs.build(output)
-        logits = self._logits(inputs)
+        inputs, logits = self._logits(output)
         if not inputs.sample_requests:
+            self.inputs.fence.wait()
             return ModelRunnerOutput()
         sampled = self.sampler.sample(logits, inputs.sample_requests)
+        self.inputs.fence.mark_complete()  # reading the tokens waited for the stream
         return ModelRunnerOutput({r.request_id: token for r, token
                                   in zip(inputs.sample_requests, sampled, strict=True)})
 
@@ -67,12 +73,30 @@ class ModelRunner:
     def compute_logits(self, output: SchedulerOutput) -> torch.Tensor:
         """Run one step like `execute` but return the fp32 logits [N, V] of the
         requests that need a sample (in scheduled order) instead of sampling."""
-        return self._logits(self.inputs.build(output)).float()
+        return self._logits(output)[1].float()
 
-    def _logits(self, inputs: StepInputs) -> torch.Tensor:
+    def _logits(self, output: SchedulerOutput) -> tuple[StepInputs, torch.Tensor]:
+        """The step's inputs and the logits [N, V] of its sampling rows: replayed from a
+        CUDA graph for a decode step within a captured size, else run eagerly."""
+        size = self.decode_graphs.bucket_for(output) if self.decode_graphs else None
+        if size is None:
+            inputs = self.inputs.build(output)
+            hidden = self._forward(inputs)()
+        else:
+            inputs, hidden = self.decode_graphs.run(output, size)
+        return inputs, self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
+
+    def _forward(self, inputs: StepInputs):
+        """The forward pass over `inputs` as a zero-argument call (plan built now)."""
         plan = self.backend.plan(inputs.meta)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, plan)
-        return self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
+        return lambda: self.model(inputs.input_ids, inputs.positions, self.kv_caches, plan)
+
+    def build_decode_graphs(self, *, capture: bool = True) -> DecodeGraphs:
+        """Decode graphs at every size up to the largest batch a step can hold (capture
+        False: the same path without graphs, for CPU tests)."""
+        largest = min(self.config.cuda_graph_max_batch_size, self.config.max_num_seqs,
+                      self.config.max_num_batched_tokens)
+        return DecodeGraphs(self.inputs, self._forward, capture_sizes(largest), capture=capture)
 
     def _resolve_max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings

@@ -37,6 +37,10 @@ class RunnerConfig:
     """Fixed KV pool size in blocks, overriding both sizing rules (tests, benchmarks)."""
     seed: int | None = None
     """Seed of the sampler's shared generator (requests without their own seed)."""
+    cuda_graphs: bool = True
+    """GPU with the triton backend: replay decode steps from CUDA graphs captured at start."""
+    cuda_graph_max_batch_size: int = 256
+    """Largest decode batch captured (also capped by max_num_seqs); larger steps run eagerly."""
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -45,6 +49,11 @@ class RunnerConfig:
     @property
     def is_cuda(self) -> bool:
         return torch.device(self.device).type == "cuda"
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        """Graphs need a device, and a backend that plans without reading the device."""
+        return self.cuda_graphs and self.is_cuda and self.backend_name == "triton"
 
     @property
     def backend_name(self) -> str:
@@ -62,6 +71,9 @@ class RunnerConfig:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if self.cuda_graph_max_batch_size < 1:
+            raise ValueError(f"cuda_graph_max_batch_size must be positive, "
+                             f"got {self.cuda_graph_max_batch_size}")
         if not 0.0 < self.memory_utilization <= 1.0:
             raise ValueError(f"memory_utilization must be in (0, 1], "
                              f"got {self.memory_utilization}")

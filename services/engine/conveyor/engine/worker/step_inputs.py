@@ -1,10 +1,13 @@
 """Flattening a SchedulerOutput into the tensors of one forward pass.
 
 Buffers are allocated once at the largest step (max_num_batched_tokens,
-max_num_seqs, max_model_len) and each step fills a prefix of them: host
-buffers are numpy views of (pinned, on CUDA) torch tensors; on CUDA the
-prefix is copied into persistent device buffers, on CPU the host buffer is
-used directly. Returned tensors are views: valid until the next `build`.
+max_num_seqs, max_model_len) and each step fills a prefix of them in place
+(staged_buffer.py): host buffers are numpy views of (pinned, on CUDA) torch
+tensors; on CUDA the prefix is copied into persistent device buffers at fixed
+addresses, on CPU the host buffer is used directly. A decode step replayed from
+a CUDA graph is padded up to the graph's batch size (`pad_to`): the graph reads
+the same device buffers. Returned tensors are views: valid until the next `build`.
+The design, and what a persistent batch adds, is in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import numpy as np
 import torch
 
 from conveyor.engine.attention import AttentionMetadata
+from conveyor.engine.attention.metadata import PADDING_SLOT
 from conveyor.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from conveyor.engine.worker.staged_buffer import CopyFence, StagedBuffer
 
 
 @dataclass(slots=True)
@@ -33,50 +38,42 @@ class StepInputs:
     """The N requests, in the order of sample_indices."""
 
 
-class _Buffer:
-    """A host buffer and, on CUDA, its device twin; `fill` returns the device prefix."""
-
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
-        on_cuda = device.type == "cuda"
-        self.host = torch.zeros(shape, dtype=dtype, pin_memory=on_cuda)
-        self.np = self.host.numpy()
-        self.device = torch.zeros(shape, dtype=dtype, device=device) if on_cuda else self.host
-
-    def prefix(self, *sizes: int) -> torch.Tensor:
-        index = tuple(slice(0, n) for n in sizes)
-        if self.device is not self.host:
-            self.device[index].copy_(self.host[index], non_blocking=True)
-        return self.device[index]
-
-
 class StepInputBuilder:
-    """Turns a SchedulerOutput into StepInputs, reusing its buffers every step."""
+    """Turns a SchedulerOutput into StepInputs, reusing its buffers every step.
+
+    Invariant: host buffers are written only after `fence` says the previous step's
+    copies from them have run (`build` waits on it first).
+    """
 
     def __init__(self, *, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
-                 block_size: int, device: torch.device) -> None:
+                 block_size: int, device: torch.device, fence: CopyFence | None = None) -> None:
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = math.ceil(max_model_len / block_size)
+        self.fence = fence or CopyFence(device)
         tokens, seqs = max_num_batched_tokens, max_num_seqs
-        self._input_ids = _Buffer((tokens,), torch.int64, device)
-        self._positions = _Buffer((tokens,), torch.int64, device)
-        self._slot_mapping = _Buffer((tokens,), torch.int64, device)
-        self._token_request = _Buffer((tokens,), torch.int64, device)
-        self._query_start_loc = _Buffer((seqs + 1,), torch.int64, device)
-        self._seq_lens = _Buffer((seqs,), torch.int64, device)
-        self._sample_indices = _Buffer((seqs,), torch.int64, device)
-        self._block_tables = _Buffer((seqs, self.max_blocks_per_seq), torch.int32, device)
+        self._input_ids = StagedBuffer((tokens,), torch.int64, device)
+        self._positions = StagedBuffer((tokens,), torch.int64, device)
+        self._slot_mapping = StagedBuffer((tokens,), torch.int64, device)
+        self._token_request = StagedBuffer((tokens,), torch.int64, device)
+        self._query_start_loc = StagedBuffer((seqs + 1,), torch.int64, device)
+        self._seq_lens = StagedBuffer((seqs,), torch.int64, device)
+        self._sample_indices = StagedBuffer((seqs,), torch.int64, device)
+        self._block_tables = StagedBuffer((seqs, self.max_blocks_per_seq), torch.int32, device)
 
-    def build(self, output: SchedulerOutput) -> StepInputs:
+    def build(self, output: SchedulerOutput, pad_to: int | None = None) -> StepInputs:
+        """The step's inputs; with `pad_to` (a decode step of at most that many requests,
+        one token each) padded with PADDING_SLOT rows up to `pad_to` requests."""
         requests = output.scheduled
         self._check_fits(output)
+        self.fence.wait()
         query_lens = np.fromiter((len(r.token_ids) for r in requests), np.int64, len(requests))
         computed = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
         num_tokens, num_reqs = int(query_lens.sum()), len(requests)
         starts = self._fill_offsets(query_lens, computed)
         self._fill_tokens(requests, num_tokens)
-        max_seq_len = int((computed + query_lens).max())
+        max_seq_len = int((computed + query_lens).max(initial=1))
         width = math.ceil(max_seq_len / self.block_size)
         if width > self.max_blocks_per_seq:
             raise ValueError(f"a sequence of {max_seq_len} tokens exceeds max_model_len="
@@ -84,6 +81,9 @@ class StepInputBuilder:
         self._fill_block_tables(requests, width)
         sampled = [i for i, r in enumerate(requests) if r.needs_sample]
         self._sample_indices.np[:len(sampled)] = starts[1:][sampled] - 1
+        if pad_to is not None:
+            self._fill_padding(num_reqs, num_tokens, pad_to)
+            num_tokens = num_reqs = pad_to
         meta = AttentionMetadata(
             slot_mapping=self._slot_mapping.prefix(num_tokens),
             positions=self._positions.prefix(num_tokens),
@@ -91,12 +91,37 @@ class StepInputBuilder:
             query_start_loc=self._query_start_loc.prefix(num_reqs + 1),
             seq_lens=self._seq_lens.prefix(num_reqs),
             block_tables=self._block_tables.prefix(num_reqs, width),
-            block_size=self.block_size, max_query_len=int(query_lens.max()),
+            block_size=self.block_size, max_query_len=int(query_lens.max(initial=1)),
             max_seq_len=max_seq_len)
-        return StepInputs(
+        inputs = StepInputs(
             input_ids=self._input_ids.prefix(num_tokens), positions=meta.positions, meta=meta,
             sample_indices=self._sample_indices.prefix(len(sampled)),
             sample_requests=[requests[i] for i in sampled])
+        self.fence.record()
+        return inputs
+
+    def padding_inputs(self, size: int) -> StepInputs:
+        """A decode step of `size` padding rows (what a CUDA graph is captured on): the
+        same device buffers as `build(..., pad_to=size)`, nothing written to the pool."""
+        return self.build(SchedulerOutput(block_size=self.block_size), pad_to=size)
+
+    def _fill_padding(self, num_reqs: int, num_tokens: int, pad_to: int) -> None:
+        """Rows num_reqs..pad_to - 1: one token each at position 0 of a one-token context
+        in block 0 (read, never written: the slot is PADDING_SLOT)."""
+        if not num_reqs <= pad_to <= min(self.max_num_seqs, self.max_num_batched_tokens):
+            raise ValueError(f"cannot pad {num_reqs} requests to {pad_to} (max_num_seqs="
+                             f"{self.max_num_seqs}, max_num_batched_tokens="
+                             f"{self.max_num_batched_tokens})")
+        if num_tokens != num_reqs:
+            raise ValueError("only a decode step (one token per request) can be padded")
+        pad = slice(num_reqs, pad_to)
+        self._input_ids.np[pad] = 0
+        self._positions.np[pad] = 0
+        self._slot_mapping.np[pad] = PADDING_SLOT
+        self._token_request.np[pad] = np.arange(num_reqs, pad_to)
+        self._query_start_loc.np[num_reqs:pad_to + 1] = np.arange(num_reqs, pad_to + 1)
+        self._seq_lens.np[pad] = 1
+        self._block_tables.np[pad, 0] = 0
 
     def _check_fits(self, output: SchedulerOutput) -> None:
         if output.block_size != self.block_size:
