@@ -69,6 +69,8 @@ def _runner_config(settings: EngineSettings):
         memory_utilization=settings.memory_utilization,
         num_blocks=settings.num_kv_blocks,
         seed=settings.seed,
+        cuda_graphs=settings.cuda_graphs,
+        cuda_graph_max_batch_size=settings.cuda_graph_max_batch_size,
     )
 
 

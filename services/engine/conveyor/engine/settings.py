@@ -60,6 +60,14 @@ class EngineSettings(ModelSettingsMixin, ServiceSettings):
         "memory_utilization (tests, benchmarks).",
     )
     seed: int | None = Field(None, description="Seed of the sampler for requests without one.")
+    cuda_graphs: bool = Field(
+        True, description="On GPU with triton attention: replay decode steps from CUDA graphs "
+        "captured at start (false: every step eager).",
+    )
+    cuda_graph_max_batch_size: int = Field(
+        256, ge=1, description="Largest decode batch captured as a CUDA graph (also capped by "
+        "max_num_seqs); larger decode steps run eagerly.",
+    )
     torch_threads: int | None = Field(
         None, ge=0, validate_default=True,
         description="CPU threads for torch; 0 = torch's default (all cores); unset = the cores "
