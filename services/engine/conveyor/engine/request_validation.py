@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST
 from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.engine_request import EngineRequest
@@ -18,7 +20,8 @@ class InvalidRequestError(ValueError):
 def validate_request(request: EngineRequest, info: EngineInfo) -> None:
     """Raise InvalidRequestError saying what is wrong with `request`, if anything.
 
-    Sampling values are checked when SamplingParams is built (InvalidSamplingParams).
+    Sampling ranges are checked when SamplingParams is built (InvalidSamplingParams);
+    here, that every float is finite and every token id is inside the vocabulary.
     """
     prompt = request.prompt_token_ids
     if not prompt:
@@ -38,4 +41,21 @@ def validate_request(request: EngineRequest, info: EngineInfo) -> None:
                None)
     if bad is not None:
         raise InvalidRequestError(f"logit_bias token id {bad} is out of range for the "
+                                  f"vocabulary of {info.vocab_size}")
+    _check_sampling(request, info)
+
+
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+
+
+def _check_sampling(request: EngineRequest, info: EngineInfo) -> None:
+    params = request.sampling_params
+    for name in _FLOAT_FIELDS:
+        value = getattr(params, name)
+        if not math.isfinite(value):
+            raise InvalidRequestError(f"{name} must be a finite number, got {value}")
+    bad = next((t for t in params.stop_token_ids if not 0 <= t < info.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(f"stop_token_ids token id {bad} is out of range for the "
                                   f"vocabulary of {info.vocab_size}")
