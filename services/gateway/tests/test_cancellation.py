@@ -1,5 +1,5 @@
 """Cancellation: a client that goes away, a stop string or the deadline cancels the
-engine stream; the race itself is tested on a fake ASGI receive."""
+engine stream; the lifeline itself is tested on a fake ASGI receive."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from conveyor.gateway.cancellation import ClientDisconnected, RequestTimedOut, race_client
+from conveyor.gateway.errors import ClientDisconnected, RequestTimedOut
+from conveyor.gateway.response_stream import Lifeline
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 100}
@@ -79,28 +80,46 @@ class FakeReceive:
         return {"type": "http.disconnect"}
 
 
-async def test_race_returns_the_work_result_and_stops_watching():
+async def test_the_lifeline_lets_work_that_finishes_return_and_stops_watching():
     receive = FakeReceive()
-    deadline = asyncio.get_running_loop().time() + 5
-    assert await race_client(asyncio.sleep(0, result=42), receive, deadline) == 42
+    async with Lifeline(receive, asyncio.get_running_loop().time() + 5) as lifeline:
+        assert await asyncio.sleep(0, result=42) == 42
+    assert lifeline.ended_by is None
+    lifeline.check()
 
 
-async def test_race_cancels_the_work_when_the_client_goes_away():
-    receive, cancelled = FakeReceive(), asyncio.Event()
+async def test_the_lifeline_cancels_the_task_when_the_client_goes_away():
+    receive = FakeReceive()
+    asyncio.get_running_loop().call_later(0.05, receive.disconnect)
+    async with Lifeline(receive, asyncio.get_running_loop().time() + 5) as lifeline:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.sleep(10)
+    assert isinstance(lifeline.ended_by, ClientDisconnected)
+    with pytest.raises(ClientDisconnected):
+        lifeline.check()
+    assert asyncio.current_task().cancelling() == 0  # the cancel was taken back
+    await asyncio.sleep(0)  # and nothing is left pending
 
-    async def work():
+
+async def test_the_lifeline_cancels_the_task_at_the_deadline():
+    async with Lifeline(FakeReceive(), asyncio.get_running_loop().time() + 0.05) as lifeline:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.sleep(10)
+    assert isinstance(lifeline.ended_by, RequestTimedOut)
+
+
+async def test_a_swallowed_cancellation_still_ends_the_work_at_its_next_check():
+    receive = FakeReceive()
+
+    async def swallowing_call():
         try:
             await asyncio.sleep(10)
-        finally:
-            cancelled.set()
+        except asyncio.CancelledError:
+            return "returned normally"  # what redis-py's asyncio client may do
 
     asyncio.get_running_loop().call_later(0.05, receive.disconnect)
-    with pytest.raises(ClientDisconnected):
-        await race_client(work(), receive, asyncio.get_running_loop().time() + 5)
-    assert cancelled.is_set()
-
-
-async def test_race_cancels_the_work_at_the_deadline():
-    with pytest.raises(RequestTimedOut):
-        await race_client(asyncio.sleep(10), FakeReceive(),
-                          asyncio.get_running_loop().time() + 0.05)
+    async with Lifeline(receive, asyncio.get_running_loop().time() + 5) as lifeline:
+        assert await swallowing_call() == "returned normally"
+        with pytest.raises(ClientDisconnected):
+            lifeline.check()
+    assert asyncio.current_task().cancelling() == 0

@@ -12,9 +12,8 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from conveyor.gateway.body_limit import BodySizeLimitMiddleware
-from conveyor.gateway.errors import APIError, internal_error
+from conveyor.gateway.errors import APIError, error_response, internal_error
 from conveyor.gateway.genai_span import RequestSpanMiddleware
-from conveyor.gateway.generation_endpoint import error_response
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.probes import router as probes_router
 from conveyor.gateway.routes import router

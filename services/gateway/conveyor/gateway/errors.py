@@ -11,11 +11,10 @@ from __future__ import annotations
 import logging
 
 from redis.exceptions import RedisError
+from starlette.responses import JSONResponse
 
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED
-from conveyor.gateway.cancellation import RequestTimedOut
 from conveyor.gateway.engine_picker import NoEngineAvailable
-from conveyor.gateway.generation import EngineAborted
 from conveyor.gateway.tenancy.errors import TenancyError
 from conveyor.gateway.upstream_error import UpstreamError
 
@@ -23,6 +22,18 @@ log = logging.getLogger("conveyor.gateway.errors")
 
 _BAD_INPUT_CODES = {"INVALID_ARGUMENT", "OUT_OF_RANGE", "FAILED_PRECONDITION"}
 _BUSY_CODES = {"UNAVAILABLE", "RESOURCE_EXHAUSTED"}
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the response was complete."""
+
+
+class RequestTimedOut(Exception):
+    """The request ran past its deadline."""
+
+
+class EngineAborted(Exception):
+    """The engine ended the request itself (it is draining or failed to schedule it)."""
 
 
 class APIError(Exception):
@@ -42,6 +53,12 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
+
+
+def error_response(error: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The JSON response of `error`, with `headers` (e.g. x-ratelimit-*) and its own."""
+    return JSONResponse(error.body(), status_code=error.status,
+                        headers={**(headers or {}), **error.headers})
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -1,14 +1,16 @@
-"""One generation: an engine Generate stream fed through a detok stream.
+"""One choice of a request: an engine Generate stream fed through a detok stream.
 
-The engine's tokens go to detok as they arrive (a pump task); detok's replies
-come out as GenerationDeltas. A stop-string match cancels the engine stream;
-leaving the iteration early (client gone, timeout) cancels both streams.
+A reader task (the only task a token crosses) takes the engine's chunks and sends
+their token ids to detok; the request's own task reads detok's replies as
+GenerationDeltas (`next_delta`). A stop-string match cancels the engine stream.
+`close()` cancels both streams and the reader and waits for the reader to let go;
+the request that opened the choice registers it for closing when it opens it
+(generation_request.py), so a choice is closed on every way out.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from conveyor.gateway.detok_client import DetokClient, DetokStream
@@ -21,11 +23,8 @@ from conveyor.gateway.engine_records import (
     PositionLogprobs,
     TokenUsage,
 )
+from conveyor.gateway.errors import EngineAborted
 from conveyor.gateway.upstream_error import UpstreamError
-
-
-class EngineAborted(Exception):
-    """The engine ended the request itself (it is draining or failed to schedule it)."""
 
 
 @dataclass(slots=True)
@@ -87,32 +86,61 @@ class _Progress:
         return self.token_ids[start:end], self.logprobs[start:end]
 
 
-async def generate(
-    engine: EngineClient, detok: DetokClient, job: GenerateJob, detok_options: DetokOptions
-) -> AsyncIterator[GenerationDelta]:
-    """Run one generation; closing the iterator early cancels the engine and detok streams."""
-    progress = _Progress(TokenUsage(prompt_tokens=len(job.prompt_token_ids)))
-    detok_stream = detok.open(detok_options)
-    engine_stream = engine.generate(job)
-    pump = asyncio.create_task(_pump(engine_stream, detok_stream, progress))
-    pump.add_done_callback(_retrieve_exception)
-    try:
-        async for reply in _replies(detok_stream, pump):
+class ChoiceStream:
+    """One running generation. Opening it starts the engine and detok streams and the
+    reader; `next_delta()` returns the next delta, None once the choice is over."""
+
+    def __init__(self, engine: EngineClient, detok: DetokClient, job: GenerateJob,
+                 detok_options: DetokOptions):
+        self.progress = _Progress(TokenUsage(prompt_tokens=len(job.prompt_token_ids)))
+        self._detok = detok.open(detok_options)
+        self._engine = engine.generate(job)
+        self._replies = aiter(self._detok.replies())
+        self._reader = asyncio.create_task(_read_engine(self._engine, self._detok,
+                                                        self.progress))
+        self._reader.add_done_callback(_retrieve_exception)
+        self._over = False
+
+    async def next_delta(self) -> GenerationDelta | None:
+        """The next text delta (its last one carries the finish), or None after it."""
+        while not self._over:
+            reply = await self._next_reply()
+            if reply is None:
+                await self._reader  # raises the engine's failure, if that ended it
+                self._over = True
+                if self.progress.finish_reason is None:
+                    raise UpstreamError("detok", "INTERNAL",
+                                        "the Detokenize stream ended before the engine finished")
+                return self.progress.finished()
             if reply.stop_match is not None:
-                engine_stream.cancel()
-                yield progress.stopped_by_string(reply)
-                return
-            if reply.text_delta or reply.num_tokens > progress.num_reported:
-                yield progress.delta(reply)
-        await pump
-        yield progress.finished()
-    finally:
-        engine_stream.cancel()
-        detok_stream.cancel()
-        pump.cancel()
+                self._engine.cancel()
+                self._over = True
+                return self.progress.stopped_by_string(reply)
+            if reply.text_delta or reply.num_tokens > self.progress.num_reported:
+                return self.progress.delta(reply)
+        return None
+
+    async def close(self) -> None:
+        """Cancel the engine and detok streams and the reader; wait for the reader."""
+        self._over = True
+        self._engine.cancel()
+        self._detok.cancel()
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+    async def _next_reply(self) -> DetokReply | None:
+        """Detok's next reply; when the reader failed (and so cancelled detok), its error."""
+        try:
+            return await anext(self._replies, None)
+        except (UpstreamError, asyncio.CancelledError):
+            reader = self._reader
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                raise reader.exception() from None
+            raise
 
 
-async def _pump(engine_stream: EngineStream, detok_stream: DetokStream, progress: _Progress):
+async def _read_engine(engine_stream: EngineStream, detok_stream: DetokStream,
+                       progress: _Progress) -> None:
     """Feed the engine's tokens to detok; on the engine's finish, let detok flush."""
     try:
         async for chunk in engine_stream:
@@ -124,7 +152,7 @@ async def _pump(engine_stream: EngineStream, detok_stream: DetokStream, progress
         _check_finished(progress.finish_reason)
         detok_stream.finish()
     except BaseException:
-        detok_stream.cancel()  # wakes the reader, which then raises this error
+        detok_stream.cancel()  # wakes the request's task, which then raises this error
         raise
 
 
@@ -135,17 +163,52 @@ def _check_finished(reason: FinishReason | None) -> None:
         raise EngineAborted("the engine aborted the request")
 
 
-async def _replies(detok_stream: DetokStream, pump: asyncio.Task) -> AsyncIterator[DetokReply]:
-    """Detok's replies; when the pump failed (and so cancelled detok), its error instead."""
-    try:
-        async for reply in detok_stream.replies():
-            yield reply
-    except (UpstreamError, asyncio.CancelledError):
-        if pump.done() and not pump.cancelled() and pump.exception() is not None:
-            raise pump.exception() from None
-        raise
-
-
 def _retrieve_exception(task: asyncio.Task) -> None:
     if not task.cancelled():
         task.exception()
+
+
+class ChoiceStreams:
+    """The choices of one request, their deltas merged in arrival order.
+
+    One choice is read directly; several are raced with one pending read each, so a
+    delta waits on nothing but its own choice. `close()` closes every choice.
+    """
+
+    def __init__(self) -> None:
+        self.choices: list[ChoiceStream] = []
+        self._reads: dict[asyncio.Future, int] = {}
+        self._done: set[int] = set()
+
+    def add(self, choice: ChoiceStream) -> None:
+        self.choices.append(choice)
+
+    async def next_delta(self) -> tuple[int, GenerationDelta] | None:
+        """(choice index, delta) of the next output, None once every choice is over."""
+        if len(self.choices) == 1:
+            delta = await self.choices[0].next_delta()
+            return None if delta is None else (0, delta)
+        while True:
+            self._start_reads()
+            if not self._reads:
+                return None
+            done, _ = await asyncio.wait(self._reads, return_when=asyncio.FIRST_COMPLETED)
+            read = min(done, key=self._reads.__getitem__)  # lowest index first on a tie
+            index = self._reads.pop(read)
+            delta = read.result()
+            if delta is not None:
+                return index, delta
+            self._done.add(index)
+
+    async def close(self) -> None:
+        for read in self._reads:
+            read.cancel()
+        await asyncio.gather(*self._reads, *(c.close() for c in self.choices),
+                             return_exceptions=True)
+        self._reads.clear()
+
+    def _start_reads(self) -> None:
+        reading = set(self._reads.values())
+        for index, choice in enumerate(self.choices):
+            if index not in reading and index not in self._done:
+                self._reads[asyncio.ensure_future(choice.next_delta())] = index

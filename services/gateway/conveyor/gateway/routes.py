@@ -16,12 +16,11 @@ from conveyor.gateway.api_models import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from conveyor.gateway.chat_completions import CHAT
-from conveyor.gateway.completions import COMPLETIONS
-from conveyor.gateway.errors import to_api_error
-from conveyor.gateway.generation_endpoint import error_response, serve_generation
+from conveyor.gateway.errors import error_response, to_api_error
+from conveyor.gateway.generation_request import CHAT, COMPLETIONS
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.request_mapping import chat_turns
+from conveyor.gateway.response_stream import GenerationResponse
 from conveyor.gateway.tokenizer_records import PromptInput, RenderInput
 
 router = APIRouter()
@@ -33,12 +32,12 @@ def _pipeline(request: Request) -> Pipeline:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return await serve_generation(_pipeline(request), request, body, CHAT)
+    return GenerationResponse(_pipeline(request), request, body, CHAT)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    return await serve_generation(_pipeline(request), request, body, COMPLETIONS)
+    return GenerationResponse(_pipeline(request), request, body, COMPLETIONS)
 
 
 @router.get("/v1/models")

@@ -99,7 +99,8 @@ class AdmissionControl:
         if refund_prompt:
             unused += reservation.num_prompt_tokens
         keys = self._admit_keys(reservation.tenant_id, reservation.request_id)[1:]
-        returned = int(await self._settle(keys=keys, args=[reservation.request_id, unused]))
+        returned = int(await self._settle(keys=keys, args=[reservation.request_id, unused,
+                                                                self._lease_ms]))
         return None if returned < 0 else returned
 
     def _admit_keys(self, tenant_id: str, request_id: str) -> list[str]:

@@ -99,13 +99,19 @@ return reply(1, '', 0, new_req_tat, new_tok_tat, concurrent + 1)
 SETTLE = """
 -- KEYS: 1 tokens TAT, 2 concurrency ZSET, 3 reservation HASH
 -- ARGV: 1 request_id, 2 tokens to return (capped at what was reserved)
+-- ARGV: 3 lease_ms (how long a settled-before-admitted tombstone is kept)
 -- Returns the tokens returned, or -1 if there was nothing to settle (already
--- settled, or the reservation's lease ran out).
-if redis.call('EXISTS', KEYS[3]) == 0 then
+-- settled, never admitted, or the reservation's lease ran out). Settling an id that is
+-- not admitted leaves a tombstone (a reservation hash of 0 tokens with the lease's
+-- expiry), so an ADMIT of that id that arrives later (its reply lost to a cancellation,
+-- the command still on the wire) is refused as a duplicate instead of leaking a slot.
+local reserved = tonumber(redis.call('HGET', KEYS[3], 'tokens') or '-1')
+if reserved < 0 or redis.call('HGET', KEYS[3], 'settled') then
   redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HSET', KEYS[3], 'tokens', 0, 'ms_per_token', 0, 'settled', 1)
+  redis.call('PEXPIRE', KEYS[3], math.ceil(tonumber(ARGV[3])))
   return -1
 end
-local reserved = tonumber(redis.call('HGET', KEYS[3], 'tokens'))
 local ms_per_token = tonumber(redis.call('HGET', KEYS[3], 'ms_per_token'))
 local unused = math.max(0, math.min(tonumber(ARGV[2]), reserved))
 redis.call('DEL', KEYS[3])

@@ -48,3 +48,7 @@ def format_duration(seconds: float) -> str:
     if hours:
         text = f"{int(hours)}h{text}"
     return text
+
+
+NO_QUOTA = QuotaSnapshot(None, None, 0.0, None, None, 0.0, 0)
+"""The snapshot of a reservation not made yet (no headers)."""

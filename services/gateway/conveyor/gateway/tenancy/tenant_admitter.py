@@ -1,7 +1,9 @@
 """The gateway's auth/admit seam over Redis (the generation endpoint calls it).
 
-`authenticate(headers) -> Tenant`, then `admit(tenant, num_prompt_tokens,
-max_tokens) -> TenantAdmission`, whose `settle` runs on every exit path.
+`authenticate(headers) -> Tenant`, then `admission(tenant, num_prompt_tokens,
+max_tokens) -> TenantAdmission` (no I/O yet): its owner registers `settle` first and
+only then `reserve`s, so a reservation whose reply was lost to a cancellation is still
+settled (settling is idempotent and by id). `admit` does both steps at once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from redis.asyncio import Redis
 from conveyor.gateway.tenancy.admission_control import AdmissionControl, Reservation
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore, bearer_key
 from conveyor.gateway.tenancy.priority import engine_priority
+from conveyor.gateway.tenancy.quota_snapshot import NO_QUOTA
 from conveyor.gateway.tenancy.settings import TenancySettings
 from conveyor.gateway.tenancy.tenant import ANONYMOUS_TENANT, Tenant
 
@@ -28,11 +31,18 @@ class CompletionCount(Protocol):
 
 @dataclass(slots=True)
 class TenantAdmission:
-    """An admitted request; `settle` exactly once is enough, more is harmless."""
+    """A request's admission: `reserve` it, then `settle` on every way out (once is
+    enough, more is harmless, and settling one that was never reserved is a no-op)."""
 
     tenant: Tenant
     reservation: Reservation
     control: AdmissionControl
+
+    async def reserve(self) -> None:
+        """Reserve the quota (RateLimited / RequestTooLarge, 429, when it does not fit)."""
+        r = self.reservation
+        self.reservation = await self.control.admit(self.tenant, r.request_id,
+                                                    r.num_prompt_tokens, r.max_tokens)
 
     @property
     def rate_limit_headers(self) -> dict[str, str]:
@@ -83,10 +93,17 @@ class TenantAdmitter:
             return self._anonymous
         return await self._keys.authenticate(bearer_key(headers.get("authorization")))
 
+    def admission(self, tenant: Tenant, num_prompt_tokens: int,
+                  max_tokens: int) -> TenantAdmission:
+        """The request's admission under a fresh reservation id, not reserved yet."""
+        reservation = Reservation(f"rsv-{uuid.uuid4().hex}", tenant.tenant_id,
+                                  num_prompt_tokens, max_tokens, NO_QUOTA)
+        return TenantAdmission(tenant, reservation, self._control)
+
     async def admit(self, tenant: Tenant, num_prompt_tokens: int,
                     max_tokens: int) -> TenantAdmission:
         """Reserve the request's quota; RateLimited / RequestTooLarge (429) if it
         does not fit now."""
-        reservation = await self._control.admit(tenant, f"rsv-{uuid.uuid4().hex}",
-                                                num_prompt_tokens, max_tokens)
-        return TenantAdmission(tenant, reservation, self._control)
+        admission = self.admission(tenant, num_prompt_tokens, max_tokens)
+        await admission.reserve()
+        return admission

@@ -1,8 +1,11 @@
 """Per-request timelines: when each stage happened and what the request cost.
 
-The gateway writes a request's timeline as it goes (`start`, then `mark` each
-stage, then `record` the usage); its tenant reads it at GET /v1/requests/{id}.
-A timeline expires `ttl_s` after its last write.
+A request keeps its timeline as a `TimelineDraft` (stage times in memory) and saves it
+twice: once admitted (arrival, admission, prompt tokens), so a running request shows
+while it runs, and once finished (every stage, usage, engine, finish reason). Each save
+writes every field known so far, so the last one alone makes a whole timeline. Its
+tenant reads it at GET /v1/requests/{id}. A timeline expires `ttl_s` after its last
+write.
 
     {prefix}:timeline:{request_id}   HASH  tenant, stage times, counts, engine, finish reason
 
@@ -70,6 +73,27 @@ _FIELD_TYPES = {f.name: f.type for f in fields(RequestTimeline)}
 _RECORDABLE = set(_FIELD_TYPES) - {"request_id", "tenant_id"} - set(Stage)
 
 
+class TimelineDraft:
+    """One request's timeline as it happens; `save` writes what is known so far."""
+
+    def __init__(self, store: TimelineStore, request_id: str):
+        self._store = store
+        self.request_id = request_id
+        self._values: dict[str, int | str | float] = {Stage.ARRIVAL: time.time()}
+
+    def mark(self, stage: Stage, **values: int | str) -> None:
+        """`stage` happened now; `values` (see TimelineStore.record) are kept with it."""
+        _check_recordable(values)
+        self._values.update({Stage(stage): time.time(), **values})
+
+    def reached(self, stage: Stage) -> bool:
+        return Stage(stage) in self._values
+
+    async def save(self, tenant_id: str) -> None:
+        """Write every stage and value known so far (one Redis round trip)."""
+        await self._store.write(self.request_id, {"tenant_id": tenant_id, **self._values})
+
+
 class TimelineStore:
     """Writes and reads request timelines in Redis."""
 
@@ -106,6 +130,10 @@ class TimelineStore:
         values = {name: _parse(_FIELD_TYPES[name], text) for name, text in row.items()
                   if name in _FIELD_TYPES}
         return RequestTimeline(request_id=request_id, **values)
+
+    async def write(self, request_id: str, values: dict[str, Any]) -> None:
+        """Set these fields of the timeline (one transaction) and renew its expiry."""
+        await self._write(request_id, values)
 
     async def _write(self, request_id: str, values: dict[str, Any]) -> None:
         key = self._key(request_id)

@@ -1,0 +1,329 @@
+"""One chat or completions request, the one object that owns what it acquires.
+
+`async with GenerationRequest(...) as request:` is the request's life. Everything it
+acquires is registered for release in the same step as it is acquired (the release
+registered first where the acquisition itself could be lost to a cancellation), on
+one exit stack that unwinds on every way out (finished, stop string, client gone,
+deadline, shutdown, error, a cancellation some library swallowed), shielded from a
+second cancellation:
+
+    acquired                       released (in this order on the way out)
+    choice streams (engine+detok)  cancelled, their reader tasks awaited
+    quota reservation              settled: unused tokens and the concurrency slot back
+    timeline                       saved with its end state (finished, cancelled, ...)
+    metrics record, GenAI span     finished with the status and usage
+
+The stages, in order: `admit` (caller, model, limits, prompts, quota), `start`
+(route, open one choice per prompt and sample, wait for the first delta), then
+`next_delta` until None. Between stages, and before each delta, `check` raises if the
+client went away or the deadline passed, so a swallowed cancellation costs at most
+one stage, never a release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from redis.exceptions import RedisError
+
+from conveyor.common.engine_registry import EngineEntry
+from conveyor.common.log import request_id_var
+from conveyor.gateway.api_models import ChatCompletionRequest, CompletionRequest
+from conveyor.gateway.engine_records import GenerateJob
+from conveyor.gateway.errors import (
+    APIError,
+    ClientDisconnected,
+    RequestTimedOut,
+    to_api_error,
+    unavailable,
+)
+from conveyor.gateway.genai_span import describe_generation, record_usage
+from conveyor.gateway.generation import ChoiceStream, ChoiceStreams, GenerationDelta
+from conveyor.gateway.metrics import DISCONNECTED_STATUS
+from conveyor.gateway.model_catalog import ServedModel
+from conveyor.gateway.pipeline import Pipeline
+from conveyor.gateway.request_mapping import (
+    GenerationBody,
+    check_limits,
+    detok_options,
+    max_tokens_for,
+    num_top_logprobs,
+    render_input,
+    sampling_options,
+)
+from conveyor.gateway.response_formats import ChatFormat, CompletionFormat, ResponseFormat
+from conveyor.gateway.tenancy.priority import engine_priority
+from conveyor.gateway.tenancy.tenant import Tenant
+from conveyor.gateway.tenancy.tenant_admitter import TenantAdmission
+from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft
+from conveyor.gateway.tokenizer_records import PromptInput, PromptTokens
+from conveyor.gateway.upstream_error import UpstreamError
+from conveyor.gateway.usage_totals import UsageTotals
+
+log = logging.getLogger("conveyor.gateway.requests")
+
+T = TypeVar("T")
+PreparePrompts = Callable[[Pipeline, GenerationBody], Awaitable[list[PromptTokens]]]
+
+ENGINE_HEADER = "x-conveyor-engine"
+"""Response header naming the engine (registry id) that served the request."""
+SESSION_HEADER = "x-session-id"
+"""Request header whose value binds a conversation to one engine (else the body's `user`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointKind:
+    """What differs between chat and completions."""
+
+    name: str
+    id_prefix: str
+    prompt_param: str
+    format: type[ResponseFormat]
+    prepare_prompts: PreparePrompts
+
+
+async def _render_conversation(pipeline: Pipeline,
+                               body: ChatCompletionRequest) -> list[PromptTokens]:
+    return [await pipeline.tokenizer.render(render_input(body, body.requested_max_tokens))]
+
+
+async def _tokenize_prompts(pipeline: Pipeline, body: CompletionRequest) -> list[PromptTokens]:
+    def prompt_input(prompt: str | list[int]) -> PromptInput:
+        text, token_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+        return PromptInput(text=text, token_ids=token_ids,
+                           add_special_tokens=body.add_special_tokens,
+                           max_tokens=body.requested_max_tokens or 0)
+
+    return list(await asyncio.gather(
+        *(pipeline.tokenizer.tokenize(prompt_input(p)) for p in body.prompts)))
+
+
+CHAT = EndpointKind("chat_completions", "chatcmpl", "messages", ChatFormat,
+                    _render_conversation)
+COMPLETIONS = EndpointKind("completions", "cmpl", "prompt", CompletionFormat,
+                           _tokenize_prompts)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How the request ended: the HTTP status recorded and the timeline's end state."""
+
+    status: int
+    end_state: str
+    """finished's reasons (e.g. "length"), or rejected, cancelled, timeout, error."""
+
+
+class GenerationRequest:
+    """A generation request in flight and everything it holds (see the module doc)."""
+
+    def __init__(self, pipeline: Pipeline, kind: EndpointKind, body: GenerationBody,
+                 headers: Mapping[str, str]):
+        self.pipeline, self.kind, self.body = pipeline, kind, body
+        self.request_id = f"{kind.id_prefix}-{uuid.uuid4().hex}"
+        request_id_var.set(self.request_id)
+        self.deadline = asyncio.get_running_loop().time() + pipeline.settings.request_timeout_s
+        self.response_headers = {"X-Request-Id": self.request_id}
+        self.check: Callable[[], None] = _alive
+        """Raises ClientDisconnected / RequestTimedOut once either ended the request."""
+        self.model: ServedModel | None = None
+        self.tenant: Tenant | None = None
+        self.usage: UsageTotals | None = None
+        self.outcome: Outcome | None = None
+        self._headers = headers
+        self._record = pipeline.metrics.start(kind.name)
+        self._timeline = TimelineDraft(pipeline.timelines, self.request_id)
+        self._admission: TenantAdmission | None = None
+        self._choices = ChoiceStreams()
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> GenerationRequest:
+        self._stack.callback(self._finish_record)
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if self.outcome is None:
+            self.end(exc)
+        await run_to_completion(self._stack.aclose())
+
+    def error_of(self, error: BaseException) -> APIError:
+        """The client-facing form of a failure of this request."""
+        return to_api_error(error, self.kind.prompt_param, self.pipeline.settings.retry_after_s)
+
+    def end(self, error: APIError | BaseException | None) -> None:
+        """Record how the request ended (None: its response was sent whole)."""
+        if error is None:
+            reason = self.usage.finish_reason if self.usage else None
+            self.outcome = Outcome(200, reason or "unknown")
+        elif isinstance(error, ClientDisconnected | asyncio.CancelledError):
+            self.outcome = Outcome(DISCONNECTED_STATUS, "cancelled")
+        elif isinstance(error, RequestTimedOut):
+            self.outcome = Outcome(504, "timeout")
+        else:
+            api_error = error if isinstance(error, APIError) else self.error_of(error)
+            admitted = self._timeline.reached(Stage.ADMITTED)
+            self.outcome = Outcome(api_error.status, "error" if admitted else "rejected")
+
+    # -- stage 1: admit -----------------------------------------------------------------
+
+    async def admit(self) -> None:
+        """Caller, model, limits, prompts, priority, and the quota reservation."""
+        pipeline, body = self.pipeline, self.body
+        if pipeline.draining:
+            raise unavailable("the gateway is shutting down", pipeline.settings.retry_after_s)
+        self.tenant = await self._step(pipeline.admitter.authenticate(self._headers))
+        self._stack.push_async_callback(self._save_timeline)
+        self.model = await self._step(pipeline.catalog.resolve(body.model))
+        check_limits(body, self.model, pipeline.settings.max_n)
+        self._priority = engine_priority(self.tenant.tier, body.priority)
+        self._prompts = await self._step(self.kind.prepare_prompts(pipeline, body))
+        self._max_tokens = [max_tokens_for(body.requested_max_tokens, p, self.kind.prompt_param)
+                            for p in self._prompts]
+        num_prompt_tokens = sum(p.num_tokens for p in self._prompts)
+        self._admission = pipeline.admitter.admission(self.tenant, num_prompt_tokens,
+                                                      sum(self._max_tokens) * body.n)
+        self._stack.push_async_callback(self._settle)
+        await self._step(self._admission.reserve())
+        self.response_headers.update(self._admission.rate_limit_headers)
+        self._timeline.mark(Stage.ADMITTED, num_prompt_tokens=num_prompt_tokens)
+        await self._step(self._save_timeline())
+
+    # -- stage 2: route and start -------------------------------------------------------
+
+    async def start(self) -> tuple[int, GenerationDelta]:
+        """Route, open every choice, and return the first delta, so that a failure before
+        any output is an HTTP error, not a broken stream. An engine that cannot be
+        reached is left out for a while and the request goes to another one (once)."""
+        engine = await self._pick()
+        try:
+            return await self._open_choices(engine)
+        except UpstreamError as error:
+            if error.service != "engine" or error.code != "UNAVAILABLE":
+                raise
+            log.warning("engine %s (%s) unreachable, routing around it: %s",
+                        engine.engine_id, engine.address, error.message)
+            self.pipeline.directory.mark_unreachable(engine.engine_id)
+        await self._choices.close()
+        self._choices = ChoiceStreams()
+        return await self._open_choices(await self._pick())
+
+    async def _pick(self) -> EngineEntry:
+        engine = await self._step(self.pipeline.router.pick(
+            self.session_key, self._prompts[0].token_ids, cache_salt=self.tenant.cache_salt))
+        self.response_headers[ENGINE_HEADER] = engine.engine_id
+        return engine
+
+    async def _open_choices(self, engine: EngineEntry) -> tuple[int, GenerationDelta]:
+        """One choice per (prompt, sample); choice index = prompt index * n + sample."""
+        pipeline, body = self.pipeline, self.body
+        client = pipeline.engines.client(engine.address)
+        self._stack.push_async_callback(self._choices.close)
+        budgets = zip(self._prompts, self._max_tokens, strict=True)
+        for prompt_index, (prompt, max_tokens) in enumerate(budgets):
+            for sample in range(body.n):
+                choice_id = f"{self.request_id}-{prompt_index * body.n + sample}"
+                job = GenerateJob(choice_id, prompt.token_ids,
+                                  sampling_options(body, max_tokens, sample),
+                                  self._priority, self.tenant.cache_salt)
+                self._choices.add(ChoiceStream(client, pipeline.detok, job,
+                                               detok_options(body, choice_id, prompt)))
+        self._timeline.mark(Stage.QUEUED, engine_id=engine.engine_id)
+        describe_generation(self.kind.name, self.model.name, body.requested_max_tokens,
+                            self.request_id)
+        self.usage = UsageTotals([p.num_tokens for p in self._prompts], body.n)
+        first = await self.next_delta()
+        if first is None:
+            raise UpstreamError("engine", "INTERNAL", "the generation ended without output")
+        self._record.first_token()
+        self._timeline.mark(Stage.FIRST_TOKEN)
+        return first
+
+    # -- stage 3: generate --------------------------------------------------------------
+
+    async def next_delta(self) -> tuple[int, GenerationDelta] | None:
+        """(choice index, delta) of the next output, None once every choice finished."""
+        self.check()
+        item = await self._choices.next_delta()
+        self.check()
+        if item is not None:
+            self.usage.observe(*item)
+        return item
+
+    @property
+    def session_key(self) -> str | None:
+        return self._headers.get(SESSION_HEADER) or self.body.user
+
+    def response_format(self) -> ResponseFormat:
+        return self.kind.format(self.request_id, self.model.name, num_top_logprobs(self.body))
+
+    # -- releases (registered on the exit stack) ----------------------------------------
+
+    async def _step(self, awaitable: Awaitable[T]) -> T:
+        """Await one stage's call, then check the request is still wanted (a library
+        may have swallowed the cancellation that should have ended it)."""
+        result = await awaitable
+        self.check()
+        return result
+
+    async def _settle(self) -> None:
+        """Return what the request did not use; all of it when it produced nothing."""
+        usage = self.usage if self.usage and self.usage.num_tokens_seen else None
+        try:
+            await self._admission.settle(usage and _Spent(usage.num_tokens_spent))
+        except RedisError as error:  # the reservation's lease frees it later
+            log.warning("could not settle the admission: %s", error)
+
+    async def _save_timeline(self) -> None:
+        """Save the timeline (once admitted, and with its end state at the end)."""
+        if self.outcome is not None:
+            counts = {} if self.usage is None else {
+                "num_completion_tokens": self.usage.num_tokens_spent,
+                "num_cached_tokens": self.usage.cached_tokens}
+            self._timeline.mark(Stage.FINISHED, finish_reason=self.outcome.end_state, **counts)
+        try:
+            await self._timeline.save(self.tenant.tenant_id)
+        except RedisError as error:  # a timeline is for looking at, never a reason to fail
+            log.warning("could not write the timeline of %s: %s", self.request_id, error)
+
+    def _finish_record(self) -> None:
+        if self.usage is not None:
+            self._record.tokens(self.usage)
+            record_usage(self.usage, self.outcome.end_state,
+                         self.response_headers.get(ENGINE_HEADER))
+        self._record.finish(self.outcome.status)
+        if self.outcome.status == DISCONNECTED_STATUS:
+            log.info("client went away; request cancelled")
+
+
+@dataclass(slots=True, frozen=True)
+class _Spent:
+    """What a request is charged for its output (TenantAdmission.settle's argument)."""
+
+    completion_tokens: int
+
+
+def _alive() -> None:
+    """The check of a request nobody watches (it never ends early)."""
+
+
+async def run_to_completion(cleanup: Coroutine[Any, Any, T]) -> T:
+    """Run `cleanup` to its end in a task of its own: a cancellation of the caller
+    meanwhile waits for the cleanup to finish and is raised afterwards."""
+    task = asyncio.ensure_future(cleanup)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError()
+    return result
