@@ -31,5 +31,7 @@ def celery_config(prefix: str, visibility_timeout_s: float) -> dict:
             "global_keyprefix": f"{prefix}:celery:",
             "unacked_restore_interval": max(1, min(10, int(visibility_timeout_s / 10))),
             "unacked_restore_throttle": 1,
+            # A worker killed while it held the restore lock must not stall restores long.
+            "unacked_mutex_expire": int(min(300, max(5, visibility_timeout_s / 2))),
         },
     }

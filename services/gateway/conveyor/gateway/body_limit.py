@@ -16,12 +16,14 @@ from conveyor.gateway.errors import APIError
 class BodySizeLimitMiddleware:
     """Pure ASGI middleware: 413 for HTTP request bodies over `max_body_bytes`."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int):
+    def __init__(self, app: ASGIApp, max_body_bytes: int, exempt_paths: tuple[str, ...] = ()):
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.exempt_paths = exempt_paths
+        """Paths whose routes limit their bodies themselves (file uploads)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in self.exempt_paths:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)

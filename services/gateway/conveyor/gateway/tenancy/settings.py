@@ -34,6 +34,8 @@ class TenancySettings(BaseSettings):
     reservation_ttl_s: float = Field(
         900.0, gt=0, description="How long an unsettled reservation (a concurrency slot) lives if "
         "its gateway died; keep it above the request timeout.")
+    batch_token: str = Field("", description="Internal token of batch workers' lines (their "
+                             "CONVEYOR_BATCH_GATEWAY_TOKEN); empty: batch lines are refused.")
     timeline_ttl_s: float = Field(3600.0, gt=0, description="How long a request's timeline "
                                   "stays readable at GET /v1/requests/{id}.")
 

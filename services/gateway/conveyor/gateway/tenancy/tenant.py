@@ -23,11 +23,16 @@ def check_tenant_id(tenant_id: str) -> str:
 
 @dataclass(slots=True, frozen=True)
 class Tenant:
-    """An authenticated caller. `key_id` is None for the anonymous tenant."""
+    """An authenticated caller. `key_id` is None for the anonymous tenant.
+
+    `batch_id` is set on a line of a batch (batch_identity): the tenant is the
+    batch's, its tier the tier's batch form (batch_tier), and its admission does
+    not touch the tenant's interactive limits."""
 
     tenant_id: str
     tier: Tier
     key_id: str | None = None
+    batch_id: str | None = None
 
     @property
     def cache_salt(self) -> str:

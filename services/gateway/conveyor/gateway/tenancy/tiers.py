@@ -67,6 +67,16 @@ DEFAULT_TIERS: dict[str, Tier] = {
 "unlimited" is the anonymous tenant's when auth is off (local use)."""
 
 
+BATCH_PRIORITY_BASE = 1000
+"""Batch lines run at BATCH_PRIORITY_BASE + their tier's priority: behind every
+interactive request of any tier (build_tiers refuses a tier that could reach it)."""
+
+
+def batch_tier(tier: Tier) -> Tier:
+    """The tier a batch line of `tier` runs under: the same tier at batch priority."""
+    return replace(tier, priority=BATCH_PRIORITY_BASE + tier.priority)
+
+
 def build_tiers(overrides: dict[str, dict[str, Any]]) -> dict[str, Tier]:
     """DEFAULT_TIERS with `overrides` applied: {tier: {field: value}}.
 
@@ -80,7 +90,15 @@ def build_tiers(overrides: dict[str, dict[str, Any]]) -> dict[str, Tier]:
         if "cache_sharing" in values:
             values["cache_sharing"] = CacheSharing(values["cache_sharing"])
         tiers[name] = replace(tiers[name], **values) if name in tiers else _new_tier(values)
+        _check_below_batch(tiers[name])
     return tiers
+
+
+def _check_below_batch(tier: Tier) -> None:
+    if tier.priority + tier.max_priority_offset >= BATCH_PRIORITY_BASE:
+        raise ValueError(f"CONVEYOR_GATEWAY_TIERS: tier {tier.name!r} has priority + "
+                         f"max_priority_offset >= {BATCH_PRIORITY_BASE}, where batch lines run; "
+                         "lower its priority")
 
 
 def _check_fields(name: str, changes: dict[str, Any]) -> None:

@@ -1,0 +1,1 @@
+"""The OpenAI Files and Batches APIs (lines are run by conveyor.batch workers)."""
