@@ -91,6 +91,7 @@ class ModelRunner:
         plan = self.backend.plan(inputs.meta)
         return lambda: self.model(inputs.input_ids, inputs.positions, self.kv_caches, plan)
 
+    @torch.inference_mode()
     def build_decode_graphs(self, *, capture: bool = True) -> DecodeGraphs:
         """Decode graphs at every size up to the largest batch a step can hold (capture
         False: the same path without graphs, for CPU tests)."""
