@@ -1,6 +1,8 @@
 """docker-compose.yml checked without a Docker engine: services, ports, health checks,
 the GPU reservation, start order, that every CONVEYOR_* variable it sets is a setting the
-service reads, and that each container runs the command `make run` runs locally."""
+service reads, that each container runs the command `make run` runs locally, that health
+checks probe the ports the settings bind, that stop_grace_period covers each drain, and
+Redis's persistence. The same facts in the Kubernetes manifests: test_kubernetes_agreement.py."""
 
 from __future__ import annotations
 
@@ -14,28 +16,22 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("run_local", ROOT / "scripts" / "run_local.py")
-run_local = importlib.util.module_from_spec(_spec)  # the launcher `make run` uses
-sys.modules[_spec.name] = run_local
-_spec.loader.exec_module(run_local)
-
-CONVEYOR_SERVICES = {
-    "tokenizer": ("conveyor.tokenizer.settings", "TokenizerSettings"),
-    "engine": ("conveyor.engine.settings", "EngineSettings"),
-    "detok": ("conveyor.detok.settings", "DetokSettings"),
-    "gateway": ("conveyor.gateway.settings", "GatewaySettings"),
-}
 
 
-class _ComposeLoader(yaml.SafeLoader):
-    """YAML loader that accepts compose's `!reset` tag."""
+def _load_by_path(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-_ComposeLoader.add_constructor("!reset", lambda loader, node: None)
-
-
-def _load(name: str) -> dict:
-    return yaml.load((ROOT / name).read_text(), Loader=_ComposeLoader)
+run_local = _load_by_path("run_local", ROOT / "scripts" / "run_local.py")  # `make run`'s
+m = _load_by_path("deploy_manifests", Path(__file__).with_name("deploy_manifests.py"))
+CONVEYOR_SERVICES = m.SETTINGS_CLASSES
+_load = m.load_compose
+GRACE_MARGIN_S = 5
+"""Seconds stop_grace_period keeps past the drain, for the process to exit."""
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +116,69 @@ def test_local_run_variables_are_settings(service):
     known = {variable for variable, _, _ in settings.describe()}
     local = next(s for s in run_local.SERVICES if s.name == service)
     assert set(local.env) <= known, f"not settings of {name}: {sorted(set(local.env) - known)}"
+
+
+def _settings(compose: dict, service: str):
+    env = compose["services"][service]["environment"]
+    return m.settings_from(service, {k: str(v) for k, v in env.items()})
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration such as 305s, 1m30s or 2m."""
+    parts = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", duration)
+    assert parts and duration, f"unsupported duration {duration!r}"
+    return int(parts.group(1) or 0) * 60 + int(parts.group(2) or 0)
+
+
+@pytest.mark.parametrize("service", m.GRPC_SERVICES)
+def test_grpc_health_checks_probe_the_bound_port(compose, service):
+    check = compose["services"][service]["healthcheck"]["test"]
+    assert check[1:4] == ["python", "-m", "conveyor.common.healthcheck"]
+    assert check[4] == f"127.0.0.1:{_settings(compose, service).port}"
+
+
+def test_gateway_health_check_is_readiness_on_its_port(compose):
+    check = compose["services"]["gateway"]["healthcheck"]["test"]
+    assert check[1:4] == ["python", "-m", "conveyor.common.healthcheck"]
+    assert check[4] == f"http://127.0.0.1:{_settings(compose, 'gateway').port}/ready"
+
+
+@pytest.mark.parametrize("service", sorted(CONVEYOR_SERVICES))
+def test_stop_grace_period_covers_the_drain(compose, service):
+    grace_s = _seconds(compose["services"][service]["stop_grace_period"])
+    assert grace_s >= _settings(compose, service).drain_timeout_s + GRACE_MARGIN_S
+
+
+@pytest.mark.parametrize("service", ["gateway", "engine", "detok"])
+def test_drain_covers_the_longest_stream(compose, service):
+    longest_s = _settings(compose, "gateway").request_timeout_s
+    assert _settings(compose, service).drain_timeout_s >= longest_s
+
+
+@pytest.mark.parametrize("service", sorted(CONVEYOR_SERVICES))
+def test_read_only_root_with_tmp(compose, service):
+    spec = compose["services"][service]
+    assert spec["read_only"] is True and "/tmp" in spec["tmpfs"]
+
+
+def test_engine_writes_only_to_named_volumes(compose):
+    engine = compose["services"]["engine"]
+    mounts = dict(v.split(":", 1) for v in engine["volumes"])
+    assert mounts == {"model-cache": "/models", "compile-cache": "/cache"}
+    assert set(mounts) <= set(compose["volumes"])
+
+
+def test_redis_persists_and_never_evicts(compose):
+    redis = compose["services"]["redis"]
+    command = redis["command"]
+    options = dict(zip(command[1::2], command[2::2], strict=True))
+    assert options["--appendonly"] == "yes" and options["--maxmemory-policy"] == "noeviction"
+    assert [v.split(":")[1] for v in redis["volumes"]] == ["/data"]
+
+
+def test_gateway_dials_the_compose_services(compose):
+    gateway = _settings(compose, "gateway")
+    for service, address in (("tokenizer", gateway.tokenizer_address),
+                             ("detok", gateway.detok_address)):
+        assert address == f"{service}:{_settings(compose, service).port}"
+    assert gateway.engine_address_list == [f"engine:{_settings(compose, 'engine').port}"]
