@@ -32,6 +32,8 @@ class Keepalive:
         return [
             ("grpc.keepalive_time_ms", round(self.time_s * 1000)),
             ("grpc.keepalive_timeout_ms", round(self.timeout_s * 1000)),
+            # gRPC >= 1.6x times a keepalive ping's ack out with this one.
+            ("grpc.http2.ping_timeout_ms", round(self.timeout_s * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
         ]

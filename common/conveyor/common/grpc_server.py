@@ -31,6 +31,7 @@ SERVER_OPTIONS = [
     # The server pings its callers too, so streams of a caller that vanished end.
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.ping_timeout_ms", 5_000),  # what gRPC >= 1.6x waits for a ping's ack
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     # Enforcement: accept the clients' keepalive pings (grpc_client.Keepalive).
