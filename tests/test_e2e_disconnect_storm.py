@@ -157,4 +157,5 @@ async def test_clients_hanging_up_at_random_points_leave_nothing_behind(
           f"{sorted({t.get('finish_reason') for t in ended})}")
     assert len(timelines) >= MAX_OPEN
     assert len(ended) == len(timelines)
-    assert {t["finish_reason"] for t in ended} <= {"cancelled", "length"}
+    # rejected: a 429 while the gateway had not yet seen an earlier client go
+    assert {t["finish_reason"] for t in ended} <= {"cancelled", "length", "rejected"}
