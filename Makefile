@@ -9,7 +9,8 @@ PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.conveyor-installed
-PROJECTS := common services/tokenizer services/detok services/engine services/gateway
+PROJECTS := common services/tokenizer services/detok services/engine services/gateway \
+  services/batch
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PROJECTS))
 
 .PHONY: setup protos test test-fast run redis bench lint lock clean

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
 import signal
 import sys
 import time
@@ -19,6 +20,8 @@ from pathlib import Path
 from conveyor.common.testing import ServiceProcess
 
 LOG_DIR = Path(os.environ.get("CONVEYOR_LOG_DIR", ".run-logs"))
+BATCH_TOKEN = secrets.token_urlsafe(24)
+"""The gateway and the batch worker share this run's internal batch-line token."""
 
 
 @dataclass
@@ -46,6 +49,12 @@ SERVICES = [
         "CONVEYOR_GATEWAY_DETOK_ADDRESS": "127.0.0.1:50053",
         # Local use: no API keys (the gateway logs a warning). Compose turns them on.
         "CONVEYOR_GATEWAY_AUTH_ENABLED": "false",
+        "CONVEYOR_GATEWAY_BATCH_TOKEN": BATCH_TOKEN,
+    }),
+    # One batch worker (Celery on the same Redis): the Batch API works out of the box.
+    LocalService("batch", "conveyor.batch", {
+        "CONVEYOR_BATCH_GATEWAY_URL": "http://127.0.0.1:8000",
+        "CONVEYOR_BATCH_GATEWAY_TOKEN": BATCH_TOKEN,
     }),
 ]
 
@@ -76,7 +85,9 @@ def main() -> int:
         for service in SERVICES:
             if service.installed and not stop:
                 started.append(_start(service))
-                print(f"  {service.name} listening on 127.0.0.1:{started[-1].port}", flush=True)
+                where = f"listening on 127.0.0.1:{started[-1].port}" if started[-1].port \
+                    else "ready"
+                print(f"  {service.name} {where}", flush=True)
         if not stop:
             gateway = next((p for p in started if p.name == "gateway"), None)
             if gateway:

@@ -9,6 +9,7 @@ SETTINGS_CLASSES = [
     ("tokenizer", "conveyor.tokenizer.settings", "TokenizerSettings"),
     ("engine", "conveyor.engine.settings", "EngineSettings"),
     ("detok", "conveyor.detok.settings", "DetokSettings"),
+    ("batch", "conveyor.batch.settings", "BatchSettings"),
 ]
 
 

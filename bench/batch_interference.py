@@ -1,0 +1,172 @@
+"""Interactive TTFT while a batch runs: does batch work stay out of interactive traffic's way?
+
+    .venv/bin/python bench/batch_interference.py                 # ~2 min on 2 cores
+    .venv/bin/python bench/batch_interference.py --requests 40 --batch-lines 800
+
+Starts the pipeline (tokenizer, engine, detok, gateway) and one batch worker with its
+default lines in flight as processes, then sends interactive streamed completions one
+at a time (concurrency 1): first with nothing else running, then while a batch runs.
+Prints both TTFT p50s, their ratio (the target is at most 1.5x) and the batch's own
+throughput during the second window, as Markdown for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench.serving.client import send_completion  # noqa: E402
+from bench.suite.targets import ensure_redis  # noqa: E402
+from conveyor.common.testing import ServiceProcess  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+TOKEN = "bench-batch-token"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20, help="interactive requests per window")
+    parser.add_argument("--batch-lines", type=int, default=400)
+    parser.add_argument("--max-tokens", type=int, default=16, help="of every request and line")
+    parser.add_argument("--log-dir", type=Path, default=None)
+    return parser.parse_args(argv)
+
+
+def start_stack(stack: ExitStack, log_dir: Path, files_dir: Path) -> str:
+    """Every process on free ports; the gateway's URL."""
+    prefix = f"conveyor-bench-batch-{os.getpid()}"
+
+    def run(module: str, env: dict[str, str]) -> ServiceProcess:
+        name = module.rsplit(".", 1)[-1]
+        process = ServiceProcess(module, env={"HF_HUB_OFFLINE": "1", **env}, name=name,
+                                 log_path=log_dir / f"{name}.log")
+        stack.callback(process.stop)
+        return process.start(timeout_s=600)
+
+    tokenizer = run("conveyor.tokenizer", {"CONVEYOR_TOKENIZER_PORT": "0"})
+    engine = run("conveyor.engine", {"CONVEYOR_ENGINE_PORT": "0", "CONVEYOR_ENGINE_METRICS_PORT":
+                                     "0", "CONVEYOR_ENGINE_REDIS_PREFIX": prefix})
+    detok = run("conveyor.detok", {"CONVEYOR_DETOK_PORT": "0"})
+    gateway = run("conveyor.gateway", {
+        "CONVEYOR_GATEWAY_PORT": "0", "CONVEYOR_GATEWAY_AUTH_ENABLED": "false",
+        "CONVEYOR_GATEWAY_TOKENIZER_ADDRESS": tokenizer.address,
+        "CONVEYOR_GATEWAY_ENGINE_ADDRESSES": engine.address,
+        "CONVEYOR_GATEWAY_DETOK_ADDRESS": detok.address,
+        "CONVEYOR_GATEWAY_REDIS_PREFIX": prefix, "CONVEYOR_GATEWAY_BATCH_TOKEN": TOKEN,
+        "CONVEYOR_GATEWAY_FILES_DIR": str(files_dir)})
+    url = f"http://127.0.0.1:{gateway.port}"
+    run("conveyor.batch", {"CONVEYOR_BATCH_REDIS_PREFIX": prefix,
+                           "CONVEYOR_BATCH_GATEWAY_URL": url, "CONVEYOR_BATCH_GATEWAY_TOKEN": TOKEN,
+                           "CONVEYOR_BATCH_FILES_DIR": str(files_dir)})
+    return url
+
+
+def interactive_body(i: int, max_tokens: int) -> dict:
+    prompt = (f"Request {i}. Conveyor belts move boxes from the loading dock to the trucks; "
+              "explain in one paragraph how a sorting station decides where each box goes.")
+    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+
+
+async def ttfts(url: str, num: int, max_tokens: int) -> list[float]:
+    """TTFT of `num` streamed completions sent one after another."""
+    times = []
+    async with httpx.AsyncClient(timeout=300) as client:
+        for i in range(num):
+            result = await send_completion(client, f"{url}/v1/completions",
+                                           interactive_body(i, max_tokens), 0)
+            if not result.success:
+                raise RuntimeError(f"interactive request failed: {result.error}")
+            times.append(result.ttft)
+    return times
+
+
+def batch_input(num_lines: int, max_tokens: int) -> bytes:
+    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": MODEL, "prompt": f"Line {i}: write a short story about a robot "
+                       "that sorts parcels at night.", "max_tokens": max_tokens,
+                       "temperature": 0, "ignore_eos": True}} for i in range(num_lines)]
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def submit_batch(client: httpx.Client, num_lines: int, max_tokens: int) -> str:
+    upload = client.post("/v1/files", data={"purpose": "batch"},
+                         files={"file": ("bench.jsonl", batch_input(num_lines, max_tokens))})
+    upload.raise_for_status()
+    batch = client.post("/v1/batches", json={"input_file_id": upload.json()["id"],
+                                             "endpoint": "/v1/completions",
+                                             "completion_window": "24h"})
+    batch.raise_for_status()
+    return batch.json()["id"]
+
+
+def lines_done(client: httpx.Client, batch_id: str) -> tuple[str, int]:
+    batch = client.get(f"/v1/batches/{batch_id}").json()
+    return batch["status"], batch["request_counts"]["completed"] + batch["request_counts"]["failed"]
+
+
+def wait_until_running(client: httpx.Client, batch_id: str, min_done: int) -> None:
+    deadline = time.monotonic() + 300
+    while lines_done(client, batch_id)[1] < min_done:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the batch did not start within 300 s")
+        time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ensure_redis()
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        log_dir = args.log_dir or Path(tmp) / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        url = start_stack(stack, log_dir, Path(tmp) / "files")
+        asyncio.run(ttfts(url, 2, args.max_tokens))  # warm-up
+        alone = asyncio.run(ttfts(url, args.requests, args.max_tokens))
+        with httpx.Client(base_url=url, timeout=60) as client:
+            batch_id = submit_batch(client, args.batch_lines, args.max_tokens)
+            wait_until_running(client, batch_id, 8)
+            _, done_before = lines_done(client, batch_id)
+            started = time.monotonic()
+            during = asyncio.run(ttfts(url, args.requests, args.max_tokens))
+            seconds = time.monotonic() - started
+            status, done_after = lines_done(client, batch_id)
+            client.post(f"/v1/batches/{batch_id}/cancel")
+    report(args, alone, during, done_after - done_before, seconds, status)
+    return 0
+
+
+def report(args: argparse.Namespace, alone: list[float], during: list[float], num_lines: int,
+           seconds: float, status: str) -> None:
+    p50_alone, p50_during = statistics.median(alone), statistics.median(during)
+    ratio = p50_during / p50_alone
+    print(json.dumps({"ttft_p50_alone_s": p50_alone, "ttft_p50_with_batch_s": p50_during,
+                      "ratio": ratio, "batch_lines_during": num_lines,
+                      "batch_lines_per_s": num_lines / seconds,
+                      "batch_status_at_end": status}, indent=2))
+    print(f"\n| interactive TTFT p50, no batch | with a batch running | ratio | batch lines/s "
+          f"meanwhile |\n|---|---|---|---|\n| {p50_alone * 1000:.0f} ms | "
+          f"{p50_during * 1000:.0f} ms | {ratio:.2f}x | {num_lines / seconds:.1f} |")
+    print(f"\n({args.requests} requests per window at concurrency 1, max_tokens "
+          f"{args.max_tokens}; batch of {args.batch_lines} lines; the batch was {status} when "
+          "the window ended.)")
+    if status != "in_progress":
+        print("warning: the batch ended before the window did; use more --batch-lines",
+              file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
