@@ -11,6 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
+from conveyor.gateway.batches.api import router as batches_router
+from conveyor.gateway.batches.batch_metrics import attach_batch_metrics
 from conveyor.gateway.body_limit import BodySizeLimitMiddleware
 from conveyor.gateway.errors import APIError, error_response, internal_error
 from conveyor.gateway.genai_span import RequestSpanMiddleware
@@ -29,6 +31,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.pipeline = Pipeline.connect(settings)
+        attach_batch_metrics(app.state.pipeline)
         try:
             yield
         finally:
@@ -37,8 +40,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="Conveyor", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.include_router(router)
     app.include_router(probes_router)
+    app.include_router(batches_router)
     app.add_middleware(RequestSpanMiddleware)
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes,
+                       exempt_paths=("/v1/files",))  # uploads: their own limit
     _add_error_handlers(app)
     return app
 

@@ -11,11 +11,12 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from conveyor.common.settings import ServiceSettings
+from conveyor.gateway.batches.settings import BatchApiSettings
 from conveyor.gateway.routing.settings import RoutingSettings
 from conveyor.gateway.tenancy.settings import TenancySettings
 
 
-class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings):
+class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings, BatchApiSettings):
     """Settings of the gateway process."""
 
     model_config = SettingsConfigDict(env_prefix="CONVEYOR_GATEWAY_", extra="ignore")

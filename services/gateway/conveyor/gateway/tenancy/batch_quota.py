@@ -9,10 +9,8 @@ It stands in for AdmissionControl in a batch line's TenantAdmission.
 from __future__ import annotations
 
 from conveyor.gateway.tenancy.admission_control import Reservation
-from conveyor.gateway.tenancy.quota_snapshot import QuotaSnapshot
+from conveyor.gateway.tenancy.quota_snapshot import NO_QUOTA
 from conveyor.gateway.tenancy.tenant import Tenant
-
-_UNLIMITED = QuotaSnapshot(None, None, 0.0, None, None, 0.0, 0)
 
 
 class BatchQuota:
@@ -21,7 +19,7 @@ class BatchQuota:
     async def admit(self, tenant: Tenant, request_id: str, num_prompt_tokens: int,
                     max_tokens: int) -> Reservation:
         return Reservation(request_id, tenant.tenant_id, num_prompt_tokens, max_tokens,
-                           _UNLIMITED)
+                           NO_QUOTA)
 
     async def settle(self, reservation: Reservation, num_completion_tokens: int, *,
                      refund_prompt: bool = False) -> int | None:

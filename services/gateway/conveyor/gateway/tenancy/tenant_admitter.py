@@ -15,8 +15,11 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
+from conveyor.common.batch_store import BatchStore
 from conveyor.gateway.tenancy.admission_control import AdmissionControl, Reservation
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore, bearer_key
+from conveyor.gateway.tenancy.batch_identity import BatchIdentity
+from conveyor.gateway.tenancy.batch_quota import BatchQuota
 from conveyor.gateway.tenancy.priority import engine_priority
 from conveyor.gateway.tenancy.quota_snapshot import NO_QUOTA
 from conveyor.gateway.tenancy.settings import TenancySettings
@@ -66,10 +69,12 @@ class TenantAdmission:
 class TenantAdmitter:
     """API key -> tenant, then quota admission, both shared by all gateway replicas."""
 
-    def __init__(self, keys: ApiKeyStore | None, control: AdmissionControl, anonymous: Tenant):
+    def __init__(self, keys: ApiKeyStore | None, control: AdmissionControl, anonymous: Tenant,
+                 batch: BatchIdentity | None = None):
         self._keys = keys
         self._control = control
         self._anonymous = anonymous
+        self._batch = batch
 
     @classmethod
     def from_settings(cls, redis: Redis, settings: TenancySettings) -> TenantAdmitter:
@@ -81,14 +86,20 @@ class TenantAdmitter:
         control = AdmissionControl(redis, prefix=settings.redis_prefix,
                                    period_s=settings.quota_period_s,
                                    reservation_ttl_s=settings.reservation_ttl_s)
-        return cls(keys, control, Tenant(ANONYMOUS_TENANT, tiers[settings.anonymous_tier]))
+        batch = BatchIdentity(settings.batch_token,
+                              BatchStore(redis, prefix=settings.redis_prefix), tiers)
+        return cls(keys, control, Tenant(ANONYMOUS_TENANT, tiers[settings.anonymous_tier]),
+                   batch)
 
     @property
     def auth_enabled(self) -> bool:
         return self._keys is not None
 
     async def authenticate(self, headers: Mapping[str, str]) -> Tenant:
-        """The caller's tenant; MissingApiKey / InvalidApiKey (401) when auth is on."""
+        """The caller's tenant; MissingApiKey / InvalidApiKey (401) when auth is on.
+        A batch worker's line is its batch's tenant (batch_identity)."""
+        if self._batch is not None and self._batch.is_batch_line(headers):
+            return await self._batch.authenticate(headers)
         if self._keys is None:
             return self._anonymous
         return await self._keys.authenticate(bearer_key(headers.get("authorization")))
@@ -98,7 +109,8 @@ class TenantAdmitter:
         """The request's admission under a fresh reservation id, not reserved yet."""
         reservation = Reservation(f"rsv-{uuid.uuid4().hex}", tenant.tenant_id,
                                   num_prompt_tokens, max_tokens, NO_QUOTA)
-        return TenantAdmission(tenant, reservation, self._control)
+        control = BatchQuota() if tenant.batch_id else self._control
+        return TenantAdmission(tenant, reservation, control)
 
     async def admit(self, tenant: Tenant, num_prompt_tokens: int,
                     max_tokens: int) -> TenantAdmission:
