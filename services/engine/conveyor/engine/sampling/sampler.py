@@ -77,23 +77,29 @@ class Sampler:
     def _to_sampled_tokens(self, tokens: torch.Tensor, raw_logprobs: torch.Tensor | None,
                            requests: Sequence[ScheduledRequest],
                            batch: SamplingBatch) -> list[SampledToken]:
-        token_list = tokens.tolist()
+        """One device-to-host read per step: the tokens, and with logprobs the chosen
+        logprob and the top-k ids and values, as float64 columns (exact for token ids
+        and fp32 values)."""
         if raw_logprobs is None:
-            return [SampledToken(token) for token in token_list]
-        chosen = raw_logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
-        top_values, top_ids = (raw_logprobs.topk(batch.max_top_logprobs, dim=-1)
-                               if batch.max_top_logprobs else (None, None))
-        top_values = top_values.tolist() if top_values is not None else None
-        top_ids = top_ids.tolist() if top_ids is not None else None
-        return [self._with_logprobs(token_list[i], chosen[i], top_ids, top_values, i,
-                                    r.sampling_params.logprobs, r.sampling_params.top_logprobs)
-                for i, r in enumerate(requests)]
+            return [SampledToken(token) for token in tokens.tolist()]
+        num_top = batch.max_top_logprobs
+        columns = [tokens[:, None], raw_logprobs.gather(1, tokens[:, None])]
+        if num_top:
+            top_values, top_ids = raw_logprobs.topk(num_top, dim=-1)
+            columns += [top_ids, top_values]
+        rows = torch.cat([c.double() for c in columns], dim=1).tolist()
+        return [self._with_logprobs(row, num_top, r.sampling_params.logprobs,
+                                    r.sampling_params.top_logprobs)
+                for row, r in zip(rows, requests, strict=True)]
 
     @staticmethod
-    def _with_logprobs(token: int, logprob: float, top_ids, top_values, row: int,
-                       wants_logprob: bool, num_top: int) -> SampledToken:
+    def _with_logprobs(row: list[float], max_top: int, wants_logprob: bool,
+                       num_top: int) -> SampledToken:
+        """row: token, its logprob, max_top ids, max_top values."""
+        token = int(row[0])
         if not (wants_logprob or num_top):
             return SampledToken(token)
-        top = (list(zip(top_ids[row][:num_top], top_values[row][:num_top], strict=True))
+        ids, values = row[2:2 + max_top], row[2 + max_top:]
+        top = ([(int(i), v) for i, v in zip(ids[:num_top], values[:num_top], strict=True)]
                if num_top else None)
-        return SampledToken(token, logprob, top)
+        return SampledToken(token, row[1], top)

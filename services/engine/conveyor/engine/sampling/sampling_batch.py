@@ -69,12 +69,11 @@ class SamplingBatch:
         greedy = [p.is_greedy or p.temperature < MIN_TEMPERATURE for p in params]
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
         return cls(
-            greedy=torch.tensor(greedy, device=device),
+            greedy=_on_device(greedy, device),
             all_greedy=all(greedy),
-            temperature=torch.tensor([1.0 if g else p.temperature
-                                      for p, g in zip(params, greedy, strict=True)],
-                                     device=device),
-            top_k=(torch.tensor(top_k, device=device)
+            temperature=_on_device([1.0 if g else p.temperature
+                                    for p, g in zip(params, greedy, strict=True)], device),
+            top_k=(_on_device(top_k, device)
                    if any(k < vocab_size for k in top_k) else None),
             top_p=_optional([p.top_p for p in params], 1.0, device),
             min_p=_optional([p.min_p for p in params], 0.0, device),
@@ -88,6 +87,16 @@ class SamplingBatch:
         )
 
 
+def _on_device(values, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`values` as a tensor on `device`. On CUDA it goes up from pinned memory without
+    blocking: torch.tensor(..., device="cuda") synchronises the stream, which made a
+    step wait for the device once per sampling tensor."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def seed_for_position(seed: int, position: int) -> int:
     """A generator seed per (request seed, output position): a request's draws depend
     only on its seed and how many tokens it has produced, not on its batch-mates."""
@@ -97,7 +106,7 @@ def seed_for_position(seed: int, position: int) -> int:
 def _optional(values: list[float], neutral: float, device: torch.device) -> torch.Tensor | None:
     if all(v == neutral for v in values):
         return None
-    return torch.tensor(values, device=device, dtype=torch.float32)
+    return _on_device(values, device, torch.float32)
 
 
 def _penalty_inputs(requests: Sequence[ScheduledRequest], vocab_size: int,
@@ -111,15 +120,15 @@ def _penalty_inputs(requests: Sequence[ScheduledRequest], vocab_size: int,
     return PenaltyInputs(
         prompt_ids=_padded(prompts, vocab_size, device),
         output_ids=_padded(outputs, vocab_size, device),
-        presence=torch.tensor([p.presence_penalty for p in params], device=device),
-        frequency=torch.tensor([p.frequency_penalty for p in params], device=device),
-        repetition=torch.tensor([p.repetition_penalty for p in params], device=device),
+        presence=_on_device([p.presence_penalty for p in params], device),
+        frequency=_on_device([p.frequency_penalty for p in params], device),
+        repetition=_on_device([p.repetition_penalty for p in params], device),
     )
 
 
 def _padded(rows: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
     width = max(1, max(len(r) for r in rows))
-    return torch.tensor([list(r) + [pad] * (width - len(r)) for r in rows], device=device)
+    return _on_device([list(r) + [pad] * (width - len(r)) for r in rows], device)
 
 
 def _logit_bias(params, device: torch.device) -> TokenMask | None:
@@ -128,8 +137,8 @@ def _logit_bias(params, device: torch.device) -> TokenMask | None:
     if not entries:
         return None
     rows, tokens, values = zip(*entries, strict=True)
-    return TokenMask(torch.tensor(rows, device=device), torch.tensor(tokens, device=device),
-                     torch.tensor(values, device=device, dtype=torch.float32))
+    return TokenMask(_on_device(rows, device), _on_device(tokens, device),
+                     _on_device(values, device, torch.float32))
 
 
 def _min_tokens_mask(requests: Sequence[ScheduledRequest], eos_token_ids: Sequence[int],
@@ -145,4 +154,4 @@ def _min_tokens_mask(requests: Sequence[ScheduledRequest], eos_token_ids: Sequen
     if not pairs:
         return None
     rows, tokens = zip(*pairs, strict=True)
-    return TokenMask(torch.tensor(rows, device=device), torch.tensor(tokens, device=device))
+    return TokenMask(_on_device(rows, device), _on_device(tokens, device))
