@@ -169,3 +169,8 @@ def test_manifests_and_compose_agree_on_ports_and_drain(service):
     in_cluster = _settings("cpu", service)
     assert in_compose.port == in_cluster.port
     assert in_compose.drain_timeout_s == in_cluster.drain_timeout_s
+
+
+def test_cpu_engine_uses_as_many_torch_threads_as_it_requests_cores():
+    requested = m.container("cpu", "engine")["resources"]["requests"]["cpu"]
+    assert _settings("cpu", "engine").torch_threads == int(requested)
