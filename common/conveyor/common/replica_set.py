@@ -64,13 +64,15 @@ class ReplicaSet:
     """Channels to the live replicas of `service`, picked round robin.
 
     The background refresh starts with the first pick (it needs a running loop);
-    `close()` stops it and closes every channel opened.
+    `close()` stops it and closes every channel opened. `on_pick(address)` is told
+    of every pick (metrics).
     """
 
     def __init__(self, service: str, registry: ServiceRegistry[ReplicaEntry] | None,
                  static_addresses: Sequence[str], *, refresh_s: float = 1.0,
                  unreachable_for_s: float = DEFAULT_TTL_S, max_attempts: int = 3,
-                 keepalive: Keepalive = DEFAULT_KEEPALIVE):
+                 keepalive: Keepalive = DEFAULT_KEEPALIVE,
+                 on_pick: Callable[[str], None] | None = None):
         if refresh_s <= 0 or max_attempts < 1:
             raise ValueError(f"{service} replicas: refresh_s must be > 0 and max_attempts >= 1")
         self.service = service
@@ -86,6 +88,7 @@ class ReplicaSet:
         self._unreachable_until: dict[str, float] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._num_picks = 0
+        self._on_pick = on_pick
 
     async def live_addresses(self) -> list[str]:
         """The replicas as last listed (waits for the first listing)."""
@@ -105,6 +108,8 @@ class ReplicaSet:
             raise no_replica_error(self.service)
         address = candidates[self._num_picks % len(candidates)]
         self._num_picks += 1
+        if self._on_pick is not None:
+            self._on_pick(address)
         return Replica(address, self._channel(address))
 
     def mark_unreachable(self, address: str) -> None:

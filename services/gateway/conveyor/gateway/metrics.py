@@ -49,6 +49,10 @@ class GatewayMetrics:
         self.timeouts = Counter("conveyor_gateway_request_timeouts",
                                 "Requests cancelled at the request timeout.", ["endpoint"],
                                 registry=r)
+        self.replica_calls = Counter(
+            "conveyor_gateway_replica_calls", "Calls and streams sent to each tokenizer and "
+            "detok replica (retries and rebuilt streams included).", ["service", "address"],
+            registry=r)
         self.prompt_tokens = Counter("conveyor_gateway_prompt_tokens", "Prompt tokens served.",
                                      registry=r)
         self.cached_prompt_tokens = Counter(

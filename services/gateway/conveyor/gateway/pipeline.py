@@ -54,8 +54,9 @@ class Pipeline:
     def connect(cls, settings: GatewaySettings) -> Pipeline:
         """Open one channel per service and one Redis client (all lazily connected)."""
         redis = Redis.from_url(settings.redis_url, decode_responses=True)
+        metrics = GatewayMetrics()
         tokenizer = TokenizerClient(replica_set("tokenizer", settings.tokenizer_address,
-                                                settings, redis), settings.rpc_timeout_s)
+                                                settings, redis, metrics), settings.rpc_timeout_s)
         engines = EngineClients(settings.rpc_timeout_s)
         directory = _directory(settings, redis, engines)
         if not settings.auth_enabled:
@@ -65,8 +66,8 @@ class Pipeline:
         return cls(
             settings=settings,
             tokenizer=tokenizer,
-            detok=DetokClient(replica_set("detok", settings.detok_address, settings, redis),
-                              min(settings.rpc_timeout_s, 2.0)),
+            detok=DetokClient(replica_set("detok", settings.detok_address, settings, redis,
+                                          metrics), min(settings.rpc_timeout_s, 2.0)),
             engines=engines,
             directory=directory,
             router=Router.from_settings(redis, settings, prefix=settings.redis_prefix,
@@ -77,7 +78,7 @@ class Pipeline:
             redis=redis,
             catalog=ModelCatalog(tokenizer, settings.served_model_name),
             token_texts=TokenTexts(tokenizer),
-            metrics=GatewayMetrics(),
+            metrics=metrics,
         )
 
     async def close(self) -> None:
