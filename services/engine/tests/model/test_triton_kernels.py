@@ -41,9 +41,14 @@ def test_triton_matches_torch(make_random_step, block_size, kv_heads, group, hea
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_triton_sliding_window_matches_torch(make_random_step, triton_device):
-    step = make_random_step(block_size=4, num_kv_heads=1, group=2, head_dim=8,
-                            seqs=[(10, 3), (2, 1)], sliding_window=5)
+@pytest.mark.parametrize(("block_size", "seqs", "window"), [
+    pytest.param(4, [(10, 3), (2, 1)], 5, id="small"),
+    pytest.param(8, [(40, 90), (3, 1), (0, 20)], 24, id="chunk-across-query-tiles"),
+])
+def test_triton_sliding_window_matches_torch(make_random_step, triton_device, block_size, seqs,
+                                             window):
+    step = make_random_step(block_size=block_size, num_kv_heads=1, group=2, head_dim=16,
+                            seqs=seqs, sliding_window=window)
     expected = _run("torch", step, step.kv_cache.clone())
     on_device = step.to(triton_device)
     actual = _run("triton", on_device, on_device.kv_cache)

@@ -47,6 +47,13 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32,
         model = LlamaForCausalLM(config, backend)
     model = model.to_empty(device=device).to(dtype)
     load_weights(model, folder)
+    return ready_for_inference(model, dtype, device)
+
+
+def ready_for_inference(model: LlamaForCausalLM, dtype: torch.dtype,
+                        device: str | torch.device) -> LlamaForCausalLM:
+    """A model whose weights are in place: rotary tables computed, CPU kernels swapped
+    in on the CPU, eval mode without gradients."""
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.reset_parameters()

@@ -11,9 +11,8 @@ import torch
 
 from conveyor.engine.attention import create_backend
 from conveyor.engine.model.llama import LlamaForCausalLM
-from conveyor.engine.model.loader import attention_spec, use_cpu_kernels
+from conveyor.engine.model.loader import attention_spec, ready_for_inference
 from conveyor.engine.model.model_config import ModelConfig
-from conveyor.engine.model.rotary_embedding import RotaryEmbedding
 
 SHAPES = {
     "smollm2-135m": ModelConfig(
@@ -49,9 +48,4 @@ def random_llama(shape: str, *, dtype: torch.dtype = torch.float32,
             param.data.fill_(1.0)
         else:
             param.data.normal_(0.0, 0.02, generator=generator)
-    for module in model.modules():
-        if isinstance(module, RotaryEmbedding):
-            module.reset_parameters()
-    if torch.device(device).type == "cpu":
-        use_cpu_kernels(model, dtype)
-    return model.eval().requires_grad_(False)
+    return ready_for_inference(model, dtype, device)
