@@ -8,10 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conveyor.tokenizer.chat_renderer import ChatRenderer
 from conveyor.tokenizer.chat_request import ChatRequest
 from conveyor.tokenizer.conversation import ChatMessage
 from conveyor.tokenizer.errors import ContextLengthExceeded, InvalidRequest
 from conveyor.tokenizer.prompt import TextPrompt, TokenIdsPrompt
+from conveyor.tokenizer.prompt_service import PromptService
+from conveyor.tokenizer.prompt_tokenizer import PromptTokenizer
 
 MAX_MODEL_LEN = 64  # the `service` fixture's context length
 
@@ -67,13 +70,23 @@ async def test_decode_checks_ids(service):
         await service.decode([60000], skip_special_tokens=True)
 
 
-async def test_a_long_prompt_does_not_stall_the_event_loop(service):
+async def test_a_long_prompt_does_not_stall_the_event_loop(tokenizer):
+    service = PromptService(PromptTokenizer(tokenizer), ChatRenderer(tokenizer), "m", 64,
+                            num_workers=2, max_chars_per_token=1_000_000)  # no text limit
     long_prompt = asyncio.create_task(service.tokenize(TextPrompt("lorem ipsum dolor " * 60_000)))
     await asyncio.sleep(0.01)
     short = await service.tokenize(TextPrompt("hi"))
     assert short.num_tokens == 1 and not long_prompt.done()
     with pytest.raises(ContextLengthExceeded):
         await long_prompt
+    service.close()
+
+
+async def test_text_past_the_character_limit_is_refused_before_it_is_tokenized(service):
+    for work in (service.tokenize(TextPrompt("x" * (service.max_text_chars + 1))),
+                 service.render(ChatRequest([ChatMessage("user", "x" * service.max_text_chars)]))):
+        with pytest.raises(InvalidRequest, match="characters, more than the 1024 this service"):
+            await work
 
 
 @settings(max_examples=100, deadline=None,

@@ -29,6 +29,12 @@ class ChatRequest:
     chat_template_kwargs_json: str = ""
     max_tokens: int = 0
 
+    @property
+    def num_chars(self) -> int:
+        """Characters of text the request carries, before rendering."""
+        return (sum(m.num_chars for m in self.messages) + len(self.chat_template)
+                + len(self.tools_json) + len(self.chat_template_kwargs_json))
+
 
 @dataclass(frozen=True, slots=True)
 class TemplateArguments:

@@ -31,6 +31,12 @@ class ChatMessage:
     tool_call_id: str = ""
     tool_calls_json: str = ""
 
+    @property
+    def num_chars(self) -> int:
+        """Characters of text this message carries (what a length check counts)."""
+        return (len(self.role) + len(self.content) + sum(len(p.text) for p in self.parts)
+                + len(self.name) + len(self.tool_call_id) + len(self.tool_calls_json))
+
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:
     """The conversation as chat templates read it: dicts with role and content
@@ -81,6 +87,8 @@ def parse_json(text: str, expected: type, what: str):
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest(f"{what} is nested too deeply") from None
     if not isinstance(value, expected):
         kind = "a JSON array" if expected is list else "a JSON object"
         raise InvalidRequest(f"{what} must be {kind}, got {type(value).__name__}")

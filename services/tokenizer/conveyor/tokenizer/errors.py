@@ -25,3 +25,11 @@ def check_context_length(prompt_len: int, max_tokens: int, max_model_len: int) -
     """Raise ContextLengthExceeded unless the prompt and its completion fit."""
     if prompt_len + max_tokens > max_model_len:
         raise ContextLengthExceeded(prompt_len, max_tokens, max_model_len)
+
+
+def check_text_length(num_chars: int, max_chars: int, what: str = "the prompt") -> None:
+    """Raise InvalidRequest for text too long to fit max_model_len, before tokenizing it."""
+    if num_chars > max_chars:
+        raise InvalidRequest(
+            f"{what} has {num_chars} characters, more than the {max_chars} this service "
+            f"tokenizes (CONVEYOR_TOKENIZER_MAX_CHARS_PER_TOKEN x max_model_len); shorten it")

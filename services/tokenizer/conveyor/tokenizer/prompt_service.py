@@ -11,9 +11,10 @@ from functools import partial
 
 from conveyor.tokenizer.chat_renderer import ChatRenderer
 from conveyor.tokenizer.chat_request import ChatRequest, template_arguments
-from conveyor.tokenizer.errors import InvalidRequest, check_context_length
+from conveyor.tokenizer.errors import InvalidRequest, check_context_length, check_text_length
 from conveyor.tokenizer.prompt import TextPrompt, TokenIdsPrompt, TokenizedPrompt
 from conveyor.tokenizer.prompt_tokenizer import PromptTokenizer, TokenizerFacts
+from conveyor.tokenizer.settings import DEFAULT_MAX_CHARS_PER_TOKEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,14 +30,18 @@ class PromptService:
     """Renders and tokenizes prompts in a thread pool, so one long prompt
     does not hold up the event loop (HF fast tokenizers release the GIL).
 
-    Every method raises InvalidRequest (or ContextLengthExceeded) for bad input.
+    Every method raises InvalidRequest (or ContextLengthExceeded) for bad input. Text
+    longer than `max_chars_per_token` x max_model_len characters is refused before it is
+    rendered or tokenized (a 20 MB prompt would take gigabytes and many seconds).
     """
 
     def __init__(self, tokenizer: PromptTokenizer, renderer: ChatRenderer, model: str,
-                 max_model_len: int, num_workers: int):
+                 max_model_len: int, num_workers: int,
+                 max_chars_per_token: int = DEFAULT_MAX_CHARS_PER_TOKEN):
         self._tokenizer = tokenizer
         self._renderer = renderer
         self.info = ServedTokenizer(model, max_model_len, tokenizer.facts)
+        self.max_text_chars = max_chars_per_token * max_model_len
         self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="conveyor-tokenize")
 
     async def render(self, request: ChatRequest) -> TokenizedPrompt:
@@ -59,13 +64,16 @@ class PromptService:
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     def _render(self, request: ChatRequest) -> TokenizedPrompt:
+        check_text_length(request.num_chars, self.max_text_chars, "the conversation")
         text = self._renderer.render(template_arguments(request))
         if not text:
             raise InvalidRequest("the chat template rendered an empty prompt")
+        check_text_length(len(text), self.max_text_chars, "the rendered conversation")
         token_ids = self._tokenizer.encode(text, add_special_tokens=False)
         return self._validated(token_ids, text, request.max_tokens)
 
     def _tokenize_text(self, prompt: TextPrompt) -> TokenizedPrompt:
+        check_text_length(len(prompt.text), self.max_text_chars)
         token_ids = self._tokenizer.encode(prompt.text, prompt.add_special_tokens)
         return self._validated(token_ids, prompt.text, prompt.max_tokens)
 

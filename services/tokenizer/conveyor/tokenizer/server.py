@@ -33,7 +33,7 @@ def build_service(settings: TokenizerSettings) -> PromptService:
     max_model_len = max_model_len_of(config, settings.max_model_len)
     return PromptService(
         PromptTokenizer(tokenizer, _eos_ids(config)), ChatRenderer(tokenizer),
-        settings.model_name, max_model_len, settings.num_workers,
+        settings.model_name, max_model_len, settings.num_workers, settings.max_chars_per_token,
     )
 
 

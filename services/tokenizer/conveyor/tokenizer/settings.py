@@ -9,6 +9,7 @@ from conveyor.common.registration_settings import RegistrationSettings
 from conveyor.common.settings import ModelSettingsMixin, ServiceSettings
 
 DEFAULT_PORT = 50051
+DEFAULT_MAX_CHARS_PER_TOKEN = 16
 
 
 class TokenizerSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
@@ -19,4 +20,8 @@ class TokenizerSettings(ModelSettingsMixin, RegistrationSettings, ServiceSetting
     port: int = Field(DEFAULT_PORT, description="Port to listen on (0 picks a free one).")
     num_workers: int = Field(
         4, ge=1, description="Threads that render and tokenize off the event loop."
+    )
+    max_chars_per_token: int = Field(
+        DEFAULT_MAX_CHARS_PER_TOKEN, ge=1, description="Text longer than this many characters "
+        "per max_model_len token is refused (INVALID_ARGUMENT) before it is tokenized."
     )
