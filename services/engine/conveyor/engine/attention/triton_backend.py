@@ -24,6 +24,8 @@ from conveyor.engine.attention.triton_kernels import paged_attention_kernel, sto
 
 MIN_DOT = 16
 """tl.dot needs every extent >= 16."""
+FP32_BLOCK_N = 32
+"""Key tile cap in fp32: the pipelined K/V tiles take twice the shared memory of 16-bit ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, plan: TritonAtt
     if num_tokens == 0:
         return out
     tiles = plan.tiles
+    block_n = tiles.block_n if query.element_size() < 4 else min(tiles.block_n, FP32_BLOCK_N)
     grid = (num_tiles(num_tokens, num_requests, tiles.block_q), spec.num_kv_heads)
     paged_attention_kernel[grid](
         out, query, kv_cache[0], kv_cache[1], plan.block_tables, plan.query_start_loc,
@@ -96,7 +99,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, plan: TritonAtt
         GROUP=spec.num_queries_per_kv, HEAD_DIM=spec.head_dim,
         HEAD_DIM_PAD=max(MIN_DOT, triton.next_power_of_2(spec.head_dim)),
         BLOCK_SIZE=plan.block_size, BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q,
-        BLOCK_N=tiles.block_n,
+        BLOCK_N=block_n,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         DOT_IN_FP32=query.device.type == "cpu")
     return out
