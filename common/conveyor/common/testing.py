@@ -31,8 +31,10 @@ class ServiceProcess:
     """
 
     def __init__(self, module: str, env: dict[str, str] | None = None, name: str | None = None,
-                 log_path: Path | None = None):
+                 log_path: Path | None = None, argv_prefix: tuple[str, ...] = ()):
         self.module = module
+        self.argv_prefix = argv_prefix
+        """Run the service under this command (e.g. `ip netns exec NAME`)."""
         self.name = name or module
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.log_path = log_path
@@ -51,8 +53,8 @@ class ServiceProcess:
 
     def start(self, timeout_s: float = 180.0) -> ServiceProcess:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", self.module], env=self.env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, bufsize=1,
+            [*self.argv_prefix, sys.executable, "-m", self.module], env=self.env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
         )
         threading.Thread(target=self._pump, daemon=True).start()
         deadline = time.monotonic() + timeout_s
