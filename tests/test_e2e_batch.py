@@ -6,6 +6,9 @@ on), the real Redis, and real Celery worker processes (`python -m conveyor.batch
   requests sent interactively, usage equal to the lines' sum.
 - The worker SIGKILLed twice mid-batch and restarted (short visibility timeout): every
   line exactly once in the output and in the batch's usage.
+- SIGTERM mid-batch: the worker finishes its lines in flight, hands the rest back and
+  exits at once; another worker completes the batch, every line once.
+- `python -m conveyor.batch run` submits, follows and downloads; `status` reads a batch.
 - Cancel mid-batch: cancelling -> cancelled, finished lines kept, the KV pool whole.
 - Bad uploads, bad batch requests and bad lines get their documented errors; a batch
   whose every line fails is completed with an empty output file.
@@ -17,6 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 
@@ -205,6 +211,41 @@ def test_worker_killed_twice_every_line_once(gateway, keys, worker):
     batch = wait_for(client, batch.id, finished, timeout_s=300)
     assert batch.status == "completed", batch
     assert_each_line_once(client, gateway, keys["a"], batch, lines)
+
+
+def test_sigterm_hands_the_rest_back_at_once(gateway, keys, worker):
+    client = client_of(gateway, keys["a"])
+    lines = numbered_lines(100)
+    first = worker()
+    batch = submit(client, lines)
+    wait_for(client, batch.id, lambda b: b.request_counts.completed >= 20)
+    started = time.monotonic()
+    assert first.stop(timeout_s=30) == 0
+    assert time.monotonic() - started < 15
+    assert client.batches.retrieve(batch.id).request_counts.completed < 100
+    worker()
+    batch = wait_for(client, batch.id, finished)
+    assert batch.status == "completed"
+    assert_each_line_once(client, gateway, keys["a"], batch, lines)
+
+
+def test_cli_runs_a_file_to_its_output(gateway, keys, worker, tmp_path):
+    worker()
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_bytes(jsonl(numbered_lines(5)))
+    env = {**os.environ, "CONVEYOR_BATCH_GATEWAY_URL": f"http://127.0.0.1:{gateway.port}",
+           "CONVEYOR_BATCH_API_KEY": keys["a"]}
+    command = [sys.executable, "-m", "conveyor.batch"]
+    run = subprocess.run([*command, "run", str(source), "-o", str(target)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert [json.loads(line)["custom_id"] for line in target.read_text().splitlines()] == [
+        f"req-{i}" for i in range(5)]
+    batch_id = run.stdout.split(":")[0]
+    assert "5/5" in run.stderr  # the progress bar's last state
+    status = subprocess.run([*command, "status", batch_id], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert json.loads(status.stdout)["status"] == "completed"
 
 
 async def test_cancel_mid_batch_keeps_finished_lines_and_frees_the_pool(gateway, keys, worker,

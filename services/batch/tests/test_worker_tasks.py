@@ -188,3 +188,13 @@ async def test_a_bad_input_fails_the_batch_without_running_a_line(harness):
     record = await h.store.get("batch_x")
     assert record.status is BatchStatus.FAILED and h.sent == []
     assert [(e["code"], e["line"]) for e in record.errors] == [("invalid_json_line", 1)]
+
+
+async def test_a_stopping_worker_hands_the_rest_of_its_chunk_on(harness):
+    h = harness()
+    await h.batch(4)
+    [(_, chunk)] = h.sent
+    h.ctx.stopping.set()
+    await run_chunk(h.ctx, *chunk)
+    assert await h.store.finished_lines("batch_x") == set()
+    assert h.sent[-1] == (CHUNK_TASK, chunk)

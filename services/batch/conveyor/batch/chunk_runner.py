@@ -5,7 +5,8 @@ batch's status is checked: cancelled or expired, the lines in flight are
 cancelled (their HTTP requests closed: the gateway aborts them in the engine)
 and the batch is finalized. A chunk stops taking lines at half the broker's
 visibility timeout and hands the rest to a new chunk task, so a live chunk is
-never delivered to a second worker.
+never delivered to a second worker. On SIGTERM (ctx.stopping) it does the same at once:
+the lines in flight finish, the rest goes back to the queue, and the worker exits.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ async def _run_lines(ctx: WorkerContext, record: BatchRecord, sender: LineSender
     try:
         while lines or running:
             while lines and len(running) < settings.lines_in_flight \
-                    and time.monotonic() < deadline:
+                    and time.monotonic() < deadline and not ctx.stopping.is_set():
                 running.add(asyncio.create_task(_run_line(ctx, sender, record, lines.popleft())))
             if not running:
                 return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 
 from celery.signals import worker_ready
@@ -14,6 +15,7 @@ from conveyor.common.batch_queue import QUEUE
 def run_worker(settings: BatchSettings) -> int:
     """Run until SIGTERM (warm shutdown: the task under way finishes first)."""
     app = create_celery(settings)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one log line per batch line
     worker_ready.connect(_announce, weak=False)
     app.worker_main(["worker", "--pool=solo", "--queues", QUEUE,
                      f"--loglevel={settings.log_level}", "--without-gossip", "--without-mingle",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from redis.asyncio import Redis
@@ -26,10 +27,13 @@ class WorkerContext:
     files: FileStore
     http: httpx.AsyncClient
     enqueue: Enqueue
+    stopping: threading.Event = field(default_factory=threading.Event)
+    """Set on SIGTERM: chunks take no new line and hand the rest on."""
 
 
 @asynccontextmanager
-async def open_context(settings: BatchSettings, enqueue: Enqueue) -> AsyncIterator[WorkerContext]:
+async def open_context(settings: BatchSettings, enqueue: Enqueue,
+                       stopping: threading.Event) -> AsyncIterator[WorkerContext]:
     redis = Redis.from_url(settings.redis_url, decode_responses=True)
     limits = httpx.Limits(max_connections=settings.lines_in_flight * 2)
     http = httpx.AsyncClient(base_url=settings.gateway_url, timeout=settings.line_timeout_s,
@@ -37,7 +41,7 @@ async def open_context(settings: BatchSettings, enqueue: Enqueue) -> AsyncIterat
     try:
         yield WorkerContext(settings, BatchStore(redis, settings.redis_prefix),
                             FileRecords(redis, settings.redis_prefix),
-                            DirectoryFileStore(settings.files_dir), http, enqueue)
+                            DirectoryFileStore(settings.files_dir), http, enqueue, stopping)
     finally:
         await http.aclose()
         await redis.aclose()

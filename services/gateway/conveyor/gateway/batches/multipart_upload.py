@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from python_multipart import MultipartParser
 from python_multipart.exceptions import FormParserError
-from python_multipart.multipart import parse_options_header
+from python_multipart.multipart import MultipartState, parse_options_header
 
 from conveyor.common.file_store import FileStore, FileWriter
 from conveyor.gateway.errors import bad_request
@@ -92,6 +92,8 @@ async def receive_upload(content_type: str, body: AsyncIterator[bytes], store: F
         async for chunk in body:
             parser.write(chunk)
         parser.finalize()
+        if parser.state != MultipartState.END:
+            raise FormParserError("the body ended before the closing boundary")
     except FormParserError as error:
         _abort(parts)
         raise bad_request(f"The multipart body could not be parsed: {error}") from error
