@@ -38,12 +38,15 @@ SERVICE = "engines"
 
 @dataclass(slots=True, frozen=True)
 class EngineLoad:
-    """An engine's load at its last heartbeat (the fields of EngineStats that route)."""
+    """An engine's load: at its last heartbeat (registry), or as its Stats answered
+    (the gateway's static engines, tests). The one load type of every service."""
 
     num_running: int = 0
     num_waiting: int = 0
     kv_usage: float = 0.0
     """Fraction of KV blocks in use, 0-1."""
+    num_free_blocks: int = 0
+    num_blocks: int = 0
 
     @property
     def num_requests(self) -> int:

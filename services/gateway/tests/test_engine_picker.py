@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.gateway.engine_picker import EnginePicker, NoEngineAvailable
-from conveyor.gateway.engine_records import EngineLoad
+from conveyor.common.engine_registry import EngineLoad
+from conveyor.gateway.routing.router import EnginePicker, NoEngineAvailable
 from conveyor.gateway.upstream_error import UpstreamError
 
 

@@ -135,7 +135,7 @@ async def test_each_redis_call_that_swallows_the_cancellation_leaks_nothing(
         swallowing.swallowed.clear()
         num_finished = _num_finished(gateway)
         await _request_until_hung_up(gateway, headers, swallowing)
-        await wait_until(lambda: _num_finished(gateway) > num_finished, timeout_s=10)
+        await wait_until(lambda n=num_finished: _num_finished(gateway) > n, timeout_s=10)
         if swallowing.swallowed.is_set():
             swallowed.append(calls[index])
         await _assert_nothing_left(gateway, headers, redis, prefix, wait_until)

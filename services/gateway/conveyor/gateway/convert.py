@@ -6,11 +6,11 @@ and get records back.
 
 from __future__ import annotations
 
+from conveyor.common.engine_registry import EngineLoad
 from conveyor.gateway.detok_records import DetokOptions, DetokReply, StopMatch
 from conveyor.gateway.engine_records import (
     EngineChunk,
     EngineFacts,
-    EngineLoad,
     FinishReason,
     GenerateJob,
     PositionLogprobs,

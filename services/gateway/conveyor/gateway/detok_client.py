@@ -92,8 +92,11 @@ class DetokStream:
         max_attempts replicas), its text not repeated."""
         tried: list[str] = []
         with translate_rpc_errors(SERVICE):
-            while True:
+            while not self._ended:  # cancelled before a replica was picked
                 attempt = await self._open(tried)
+                if self._ended:  # cancelled while one was picked
+                    attempt.end()
+                    return
                 try:
                     async for message in attempt.call:
                         reply = self._fresh(convert.detok_reply(message), attempt)

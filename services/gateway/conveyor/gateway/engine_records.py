@@ -75,21 +75,6 @@ class EngineChunk:
 
 
 @dataclass(slots=True)
-class EngineLoad:
-    """An engine's current load (Engine.Stats)."""
-
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    num_free_blocks: int
-    num_blocks: int
-
-    @property
-    def num_requests(self) -> int:
-        return self.num_running + self.num_waiting
-
-
-@dataclass(slots=True)
 class EngineFacts:
     """Static facts about an engine (Engine.Info)."""
 

@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 from starlette.responses import JSONResponse
 
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED
-from conveyor.gateway.engine_picker import NoEngineAvailable
+from conveyor.gateway.routing.router import NoEngineAvailable
 from conveyor.gateway.tenancy.errors import TenancyError
 from conveyor.gateway.upstream_error import UpstreamError
 

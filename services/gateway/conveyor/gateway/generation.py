@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from conveyor.gateway.detok_client import DetokClient, DetokStream
 from conveyor.gateway.detok_records import DetokOptions, DetokReply
-from conveyor.gateway.engine_client import EngineClient, EngineStream
 from conveyor.gateway.engine_records import (
     EngineChunk,
     FinishReason,
@@ -24,6 +23,7 @@ from conveyor.gateway.engine_records import (
     TokenUsage,
 )
 from conveyor.gateway.errors import EngineAborted
+from conveyor.gateway.routing.router import EngineClient, EngineStream
 from conveyor.gateway.upstream_error import UpstreamError
 
 

@@ -214,7 +214,8 @@ class GenerationRequest:
 
     async def _pick(self) -> EngineEntry:
         engine = await self._step(self.pipeline.router.pick(
-            self.session_key, self._prompts[0].token_ids, cache_salt=self.tenant.cache_salt))
+            self.session_key, self._prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
+            model=self.model.backend_name))
         self.response_headers[ENGINE_HEADER] = engine.engine_id
         return engine
 

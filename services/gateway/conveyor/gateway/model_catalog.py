@@ -16,6 +16,9 @@ class ServedModel:
     name: str
     max_model_len: int
     vocab_size: int
+    backend_name: str = ""
+    """The name the tokenizer and the engines serve it under (routing filters engines by
+    it); `name` differs when the gateway's served_model_name renames it for clients."""
 
 
 class ModelCatalog:
@@ -34,7 +37,8 @@ class ModelCatalog:
                 if self._model is None:
                     facts = await self._tokenizer.info()
                     self._model = ServedModel(self._served_model_name or facts.model,
-                                              facts.max_model_len, facts.vocab_size)
+                                              facts.max_model_len, facts.vocab_size,
+                                              facts.model)
         return self._model
 
     async def resolve(self, requested: str | None) -> ServedModel:

@@ -10,15 +10,17 @@ from redis.asyncio import Redis
 
 from conveyor.common.engine_registry import EngineRegistry
 from conveyor.gateway.detok_client import DetokClient
-from conveyor.gateway.engine_clients import EngineClients
-from conveyor.gateway.engine_directory import EngineDirectory
-from conveyor.gateway.engine_picker import EnginePicker
 from conveyor.gateway.metrics import GatewayMetrics
 from conveyor.gateway.model_catalog import ModelCatalog
 from conveyor.gateway.replica_sets import replica_set
-from conveyor.gateway.routing.router import Router
+from conveyor.gateway.routing.router import (
+    EngineClients,
+    EngineDirectory,
+    EnginePicker,
+    Router,
+    StaticEngines,
+)
 from conveyor.gateway.settings import GatewaySettings
-from conveyor.gateway.static_engines import StaticEngines
 from conveyor.gateway.tenancy.tenant_admitter import TenantAdmitter
 from conveyor.gateway.tenancy.timeline import TimelineStore
 from conveyor.gateway.token_texts import TokenTexts

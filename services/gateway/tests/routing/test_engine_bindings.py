@@ -6,8 +6,7 @@ import asyncio
 
 import pytest
 
-from conveyor.gateway.routing.engine_bindings import EngineBindings
-from conveyor.gateway.routing.prefix_hash import prefix_block_hashes
+from conveyor.gateway.routing.router import EngineBindings, prefix_block_hashes
 
 
 @pytest.fixture

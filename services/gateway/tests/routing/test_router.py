@@ -7,8 +7,7 @@ import asyncio
 import pytest
 
 from conveyor.common.engine_registry import EngineEntry, EngineLoad, EngineRegistry
-from conveyor.gateway.engine_picker import NoEngineAvailable
-from conveyor.gateway.routing.router import Router
+from conveyor.gateway.routing.router import NoEngineAvailable, Router
 from conveyor.gateway.routing.settings import RoutingSettings
 
 PROMPT = list(range(100, 148))  # three full 16-token blocks
@@ -45,6 +44,15 @@ async def engine(registry: EngineRegistry, engine_id: str, running: int = 0, wai
 async def test_no_engine_is_unavailable(router):
     with pytest.raises(NoEngineAvailable, match="no live engine"):
         await router.pick(None, PROMPT)
+
+
+async def test_only_engines_of_the_requested_model_are_candidates(registry, router):
+    await engine(registry, "a")  # serves "m", idle
+    await registry.heartbeat(EngineEntry("b", "b:50052", "other-model", EngineLoad(5)))
+    assert (await router.pick(None, [1, 2, 3], model="other-model")).engine_id == "b"
+    assert (await router.pick("s1", PROMPT, model="m")).engine_id == "a"
+    with pytest.raises(NoEngineAvailable, match="serving 'third-model'"):
+        await router.pick(None, PROMPT, model="third-model")
 
 
 async def test_least_loaded_without_session_or_hint(registry, router):

@@ -1,4 +1,2 @@
-"""Routing across engine replicas: session affinity > prefix-cache hint > least loaded.
-
-Bindings live in Redis, so every gateway replica routes a session to the same engine.
-"""
+"""Routing across engine replicas (router.py: session affinity > prefix-cache hint > least
+loaded, the live engines and their clients) and its settings (settings.py)."""

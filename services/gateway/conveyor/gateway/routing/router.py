@@ -1,6 +1,6 @@
-"""Which engine replica serves a request.
+"""Routing: which engine replica serves a request, and the clients that reach engines.
 
-Order of preference:
+Order of preference when picking:
 
 1. **Session affinity.** A request with a session key (X-Session-ID, else the
    body's `user`) goes to the engine its session is bound to, which holds the
@@ -12,24 +12,353 @@ Order of preference:
    least loaded one (a hint is only a preference).
 3. **Least loaded**, preferring engines that are not overloaded.
 
-Load comes from the engines' heartbeats in the registry (at most one heartbeat
-interval old). Session bindings and prefix hints are compare-and-set in Redis,
-so every gateway replica routes a session to the same engine.
+Only engines serving the requested model are candidates. Which engines are live:
+those registered in Redis (`--scale engine=N`; their load comes with their
+heartbeat, at most one interval old) are the truth; while none has registered, the
+configured addresses stand in (`StaticEngines`: live while they answer Stats, under
+the id their Info reports, so session bindings read the same either way). An engine a
+request could not reach is left out for one registry TTL (`EngineDirectory`).
+
+Session bindings and prefix hints are compare-and-set in Redis (`EngineBindings`), so
+every gateway replica routes a session to the same engine:
+
+    {prefix}:route:{namespace}:{name}   STRING  engine_id, expires ttl_s after last use
+
+Prefix hints hash a prompt's leading full blocks chained like the engine's block
+hashes (block i's hash covers the cache salt and every token up to the end of block
+i), so equal hashes mean equal prefixes within one salt: tenants with different salts
+never share hints, as they never share cached blocks.
+
+One gRPC client per engine address (`EngineClients`) is opened the first time a
+request goes there and kept, as gRPC channels reconnect by themselves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import hashlib
+import logging
+from array import array
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
+import grpc
 from redis.asyncio import Redis
 
-from conveyor.common.engine_registry import EngineEntry, EngineRegistry
-from conveyor.gateway.engine_picker import NoEngineAvailable
-from conveyor.gateway.routing.engine_bindings import EngineBindings
-from conveyor.gateway.routing.load_policy import LoadPolicy
-from conveyor.gateway.routing.prefix_hash import prefix_block_hashes
+from conveyor.common.engine_registry import (
+    DEFAULT_TTL_S,
+    EngineEntry,
+    EngineLoad,
+    EngineRegistry,
+    require_decoded_responses,
+)
+from conveyor.common.grpc_client import open_channel
+from conveyor.gateway import convert
+from conveyor.gateway.engine_records import EngineChunk, EngineFacts, GenerateJob
 from conveyor.gateway.routing.settings import RoutingSettings
+from conveyor.gateway.upstream_error import UpstreamError, translate_rpc_errors
+from conveyor.v1 import engine_pb2_grpc
+
+log = logging.getLogger("conveyor.gateway.routing")
+
+
+
+# -- engine clients ----------------------------------------------------------------------
+
+SERVICE = "engine"
+
+
+class EngineStream:
+    """An open Generate stream. Iterate it for chunks; `cancel()` aborts the
+    request in the engine (its KV blocks go back to the pool at the next step)."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall):
+        self._call = call
+
+    async def __aiter__(self) -> AsyncIterator[EngineChunk]:
+        with translate_rpc_errors(SERVICE):
+            async for message in self._call:
+                yield convert.engine_chunk(message)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class EngineClient:
+    """Calls to the engine at `address` over one shared channel."""
+
+    def __init__(self, address: str, channel: grpc.aio.Channel, rpc_timeout_s: float):
+        self.address = address
+        self._stub = engine_pb2_grpc.EngineStub(channel)
+        self._timeout_s = rpc_timeout_s
+
+    def generate(self, job: GenerateJob) -> EngineStream:
+        """Start generating; nothing is awaited until the stream is iterated."""
+        return EngineStream(self._stub.Generate(convert.generate_request(job)))
+
+    async def stats(self, timeout_s: float | None = None) -> EngineLoad:
+        with translate_rpc_errors(SERVICE):
+            reply = await self._stub.Stats(
+                convert.stats_request(), timeout=timeout_s or self._timeout_s
+            )
+        return convert.engine_load(reply)
+
+    async def info(self) -> EngineFacts:
+        with translate_rpc_errors(SERVICE):
+            reply = await self._stub.Info(convert.engine_info_request(), timeout=self._timeout_s)
+        return convert.engine_facts(reply)
+
+
+class EngineClients:
+    """A lazy {address: EngineClient} cache; `close()` closes every channel opened."""
+
+    def __init__(self, rpc_timeout_s: float):
+        self._rpc_timeout_s = rpc_timeout_s
+        self._clients: dict[str, EngineClient] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    def client(self, address: str) -> EngineClient:
+        """The client of the engine at `address` (host:port); never awaits."""
+        client = self._clients.get(address)
+        if client is None:
+            channel = open_channel(address)
+            self._channels.append(channel)
+            client = self._clients[address] = EngineClient(address, channel,
+                                                           self._rpc_timeout_s)
+        return client
+
+    async def close(self) -> None:
+        for channel in self._channels:
+            await channel.close()
+
+
+# -- the configured engines (while none registered) --------------------------------------
+
+class NoEngineAvailable(Exception):
+    """No configured engine answered; the caller should retry later."""
+
+
+class EnginePicker:
+    """Picks the least loaded engine among those that answered Stats."""
+
+    def __init__(self, engines: list[EngineClient], stats_timeout_s: float,
+                 max_age_s: float = 0.25):
+        if not engines:
+            raise ValueError("no engine addresses; set CONVEYOR_GATEWAY_ENGINE_ADDRESSES")
+        self.engines = engines
+        self._stats_timeout_s = stats_timeout_s
+        self._max_age_s = max_age_s
+        self._loads: list[EngineLoad | None] = []
+        self._loads_at = float("-inf")
+        self._round: asyncio.Future | None = None
+
+    async def pick(self) -> EngineClient:
+        """The least loaded reachable engine; raises NoEngineAvailable when none answers."""
+        loads = await self.loads()
+        reachable = [i for i, load in enumerate(loads) if load is not None]
+        if not reachable:
+            raise NoEngineAvailable(f"none of {len(self.engines)} engine(s) answered")
+        best = min(reachable, key=lambda i: _load_key(loads[i]))
+        loads[best] = replace(loads[best], num_waiting=loads[best].num_waiting + 1)
+        return self.engines[best]
+
+    async def loads(self) -> list[EngineLoad | None]:
+        """Each engine's load (None: did not answer), at most max_age_s old."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._loads_at > self._max_age_s:
+            if self._round is None or self._round.done():
+                self._round = asyncio.ensure_future(self._ask_all())
+            # Shielded: a request that is cancelled must not cancel the shared round.
+            self._loads = await asyncio.shield(self._round)
+            self._loads_at = loop.time()
+        return self._loads
+
+    async def any_reachable(self) -> bool:
+        return any(load is not None for load in await self.loads())
+
+    async def _ask_all(self) -> list[EngineLoad | None]:
+        return list(await asyncio.gather(*(self._load_of(e) for e in self.engines)))
+
+    async def _load_of(self, engine: EngineClient) -> EngineLoad | None:
+        try:
+            return await engine.stats(timeout_s=self._stats_timeout_s)
+        except UpstreamError as error:
+            log.warning("engine %s did not answer Stats: %s", engine.address, error)
+            return None
+
+
+def _load_key(load: EngineLoad) -> tuple[int, float]:
+    return (load.num_requests, load.kv_usage)
+
+
+class StaticEngines:
+    """Live entries of the engines a picker knows, with their Stats load."""
+
+    def __init__(self, picker: EnginePicker):
+        self._picker = picker
+        self._facts: dict[str, EngineFacts] = {}
+        """Info per address, forgotten when the engine stops answering (it may restart
+        with another id)."""
+
+    async def list_live(self, model: str | None = None) -> list[EngineEntry]:
+        answering = []
+        for engine, load in zip(self._picker.engines, await self._picker.loads(), strict=True):
+            if load is None:
+                self._facts.pop(engine.address, None)
+            else:
+                answering.append((engine, load))
+        facts = await asyncio.gather(*(self._facts_of(e) for e, _ in answering))
+        entries = [
+            EngineEntry(fact.engine_id or engine.address, engine.address, fact.model,
+                        EngineLoad(load.num_running, load.num_waiting, load.kv_usage))
+            for (engine, load), fact in zip(answering, facts, strict=True) if fact is not None
+        ]
+        return [e for e in entries if model is None or e.model == model]
+
+    async def _facts_of(self, engine: EngineClient) -> EngineFacts | None:
+        facts = self._facts.get(engine.address)
+        if facts is None:
+            try:
+                facts = self._facts[engine.address] = await engine.info()
+            except UpstreamError:
+                return None
+        return facts
+
+
+# -- live engines ------------------------------------------------------------------------
+
+class EngineDirectory:
+    """Live engines for the router (see routing.router.LiveEngines)."""
+
+    def __init__(self, registry: EngineRegistry, static: StaticEngines | None,
+                 unreachable_for_s: float = DEFAULT_TTL_S):
+        self._registry = registry
+        self._static = static
+        self._unreachable_for_s = unreachable_for_s
+        self._unreachable_until: dict[str, float] = {}
+
+    async def list_live(self, model: str | None = None) -> list[EngineEntry]:
+        """Registered engines, or the static ones when none registered; minus those
+        marked unreachable."""
+        entries = await self._registry.list_live(model)
+        if not entries and self._static is not None:
+            entries = await self._static.list_live(model)
+        return [e for e in entries if not self._is_unreachable(e.engine_id)]
+
+    def mark_unreachable(self, engine_id: str) -> None:
+        """A request could not reach this engine: route around it for a while."""
+        now = asyncio.get_running_loop().time()
+        self._unreachable_until[engine_id] = now + self._unreachable_for_s
+
+    def _is_unreachable(self, engine_id: str) -> bool:
+        until = self._unreachable_until.get(engine_id)
+        if until is None:
+            return False
+        if asyncio.get_running_loop().time() < until:
+            return True
+        del self._unreachable_until[engine_id]
+        return False
+
+
+# -- bindings, load policy, prefix hashes ------------------------------------------------
+
+_BIND_LUA = """
+-- KEYS: the binding; ARGV: 1 engine id, 2 the engine id the caller saw ('' for none), 3 ttl ms
+local current = redis.call('GET', KEYS[1])
+if not current or current == ARGV[2] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+  return ARGV[1]
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return current
+"""
+
+
+class EngineBindings:
+    """One namespace of bindings with one TTL, refreshed on every use."""
+
+    def __init__(self, redis: Redis, namespace: str, *, prefix: str = "conveyor",
+                 ttl_s: float):
+        require_decoded_responses(redis)
+        self._redis = redis
+        self._key_prefix = f"{prefix}:route:{namespace}:"
+        self._ttl_ms = max(1, round(ttl_s * 1000))
+        self._bind = redis.register_script(_BIND_LUA)
+
+    async def get(self, name: str) -> str | None:
+        """The bound engine id, refreshing the binding's TTL; None if unbound."""
+        return await self._redis.getex(self._key(name), px=self._ttl_ms)
+
+    async def get_many(self, names: Sequence[str]) -> list[str | None]:
+        """Bound engine ids of several names (no TTL refresh), None where unbound."""
+        if not names:
+            return []
+        return await self._redis.mget([self._key(name) for name in names])
+
+    async def bind(self, name: str, engine_id: str, *, replacing: str | None = None) -> str:
+        """Bind `name` to `engine_id` if it is unbound or still bound to `replacing`;
+        returns the engine id the name is bound to afterwards (maybe another
+        gateway's choice)."""
+        return await self._bind(keys=[self._key(name)],
+                                args=[engine_id, replacing or "", self._ttl_ms])
+
+    async def bind_many(self, bindings: Sequence[tuple[str, str, str | None]]) -> list[str]:
+        """`bind` for several (name, engine_id, replacing) in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name, engine_id, replacing in bindings:
+                await self._bind(keys=[self._key(name)],
+                                 args=[engine_id, replacing or "", self._ttl_ms], client=pipe)
+            return await pipe.execute()
+
+    async def unbind(self, name: str) -> None:
+        await self._redis.delete(self._key(name))
+
+    def _key(self, name: str) -> str:
+        return self._key_prefix + name
+
+
+@dataclass(slots=True, frozen=True)
+class LoadPolicy:
+    """Bounds on an engine's load from its last heartbeat."""
+
+    max_waiting: int = 8
+    """More requests waiting than this: overloaded."""
+    max_kv_usage: float = 0.95
+    """More of the KV cache in use than this (0-1): overloaded."""
+    max_imbalance: int = 8
+    """A soft preference (a prefix hint) yields once its engine has this many more
+    requests than the least loaded engine."""
+
+    def is_overloaded(self, engine: EngineEntry) -> bool:
+        return engine.load.num_waiting > self.max_waiting or \
+            engine.load.kv_usage > self.max_kv_usage
+
+    def least_loaded(self, engines: Iterable[EngineEntry]) -> EngineEntry:
+        """The engine with the fewest requests (then least KV in use), preferring
+        engines that are not overloaded; ties go to the smaller engine id."""
+        return min(engines, key=lambda e: (self.is_overloaded(e), e.load.num_requests,
+                                           e.load.kv_usage, e.engine_id))
+
+    def is_much_busier(self, engine: EngineEntry, least: EngineEntry) -> bool:
+        return engine.load.num_requests - least.load.num_requests > self.max_imbalance
+
+
+def prefix_block_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int,
+                        cache_salt: str = "") -> list[str]:
+    """Hex hashes of the first min(max_blocks, len // block_size) block prefixes,
+    shortest prefix first."""
+    num_blocks = min(max_blocks, len(token_ids) // block_size)
+    hashes: list[str] = []
+    parent = hashlib.blake2b(cache_salt.encode(), digest_size=16).digest()
+    for i in range(num_blocks):
+        block = array("q", token_ids[i * block_size:(i + 1) * block_size]).tobytes()
+        parent = hashlib.blake2b(parent + block, digest_size=16).digest()
+        hashes.append(parent.hex())
+    return hashes
+
+
+# -- the router --------------------------------------------------------------------------
 
 Engines = dict[str, EngineEntry]
 
@@ -72,13 +401,16 @@ class Router:
         )
 
     async def pick(self, session_key: str | None, prompt_token_ids: Sequence[int], *,
-                   cache_salt: str = "") -> EngineEntry:
-        """The engine for this request; NoEngineAvailable when none is registered.
-        `cache_salt` is the tenant's prefix-cache salt (hints never cross salts)."""
-        engines = {e.engine_id: e for e in await self._registry.list_live(self._model)}
+                   cache_salt: str = "", model: str | None = None) -> EngineEntry:
+        """The engine for this request; NoEngineAvailable when none serving `model` (else
+        the router's own model, else any) is live. `cache_salt` is the tenant's
+        prefix-cache salt (hints never cross salts)."""
+        model = model or self._model
+        engines = {e.engine_id: e for e in await self._registry.list_live(model)}
         if not engines:
-            raise NoEngineAvailable("no live engine in the registry (engines register in "
-                                    "Redis; is one running against the same Redis?)")
+            serving = f" serving {model!r}" if model else ""
+            raise NoEngineAvailable(f"no live engine{serving} (engines register in Redis; is "
+                                    "one running against the same Redis and prefix?)")
         if session_key:
             return await self._pick_for_session(session_key, prompt_token_ids, cache_salt,
                                                 engines)
