@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from redis.asyncio import Redis
 
@@ -47,10 +47,27 @@ class EngineLoad:
     """Fraction of KV blocks in use, 0-1."""
     num_free_blocks: int = 0
     num_blocks: int = 0
+    num_waiting_tokens: int = 0
+    """Tokens the waiting requests still have to compute."""
+    max_num_waiting_seqs: int = 0
+    """The engine's waiting-queue bounds (0: no limit): past them it sheds with
+    RESOURCE_EXHAUSTED, reason queue_full."""
+    max_num_waiting_tokens: int = 0
 
     @property
     def num_requests(self) -> int:
         return self.num_running + self.num_waiting
+
+    @property
+    def is_waiting_full(self) -> bool:
+        """One more waiting request would pass a bound (as of this snapshot)."""
+        return 0 < self.max_num_waiting_seqs <= self.num_waiting or \
+            0 < self.max_num_waiting_tokens <= self.num_waiting_tokens
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EngineLoad:
+        """Known fields only, so an entry written by a newer engine still reads."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 @dataclass(slots=True, frozen=True)
@@ -73,7 +90,8 @@ class EngineEntry:
     @classmethod
     def from_json(cls, text: str) -> EngineEntry:
         data = json.loads(text)
-        return cls(data["engine_id"], data["address"], data["model"], EngineLoad(**data["load"]))
+        return cls(data["engine_id"], data["address"], data["model"],
+                   EngineLoad.from_dict(data["load"]))
 
 
 class EngineRegistry(ServiceRegistry[EngineEntry]):

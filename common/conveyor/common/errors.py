@@ -9,3 +9,7 @@ CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 INVALID_REQUEST = "invalid_request"
 """Any other bad input; the message says what."""
+
+QUEUE_FULL = "queue_full"
+"""The engine's waiting queue is full (RESOURCE_EXHAUSTED): the request was refused or pushed
+out by a higher-priority one before it ran; retry later or on another engine."""

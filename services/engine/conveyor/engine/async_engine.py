@@ -102,6 +102,7 @@ class AsyncEngine:
 
         Leaving early (break, cancellation, an exception in the caller) aborts the
         request at the loop's next step boundary. Raises DuplicateRequestId,
+        WaitingQueueFull (refused, or pushed out of the waiting queue before it ran),
         RequestFailedError (model error) or EngineStoppedError.
         """
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(),
@@ -174,9 +175,12 @@ class AsyncEngine:
                 self.core.abort([op])
                 continue
             try:
-                self.core.add_request(op)
+                pushed_out = self.core.add_request(op)
             except Exception as exc:  # a request the core refuses fails alone
                 self._send(op.request_id, exc)
+                continue
+            for request_id, error in pushed_out.items():
+                self._send(request_id, error)
 
     def _step_once(self) -> None:
         try:

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Iterable
 
-from conveyor.engine.core.errors import DuplicateRequestId
+from conveyor.engine.core.errors import DuplicateRequestId, WaitingQueueFull
 from conveyor.engine.core.request import FinishReason, Request
 from conveyor.engine.core.request_update import RequestUpdate
 from conveyor.engine.core.scheduler import Scheduler
@@ -58,20 +58,28 @@ class EngineCore:
         """Caller ids of the requests not finished yet (a copy)."""
         return list(self._children)
 
-    def add_request(self, request: EngineRequest) -> None:
-        """Queue `request`; raises DuplicateRequestId, or the scheduler's ValueErrors
-        (RequestTooLong, empty prompt) leaving nothing behind."""
+    def add_request(self, request: EngineRequest) -> dict[str, WaitingQueueFull]:
+        """Queue `request`. Raises DuplicateRequestId, WaitingQueueFull (the waiting queue
+        is full and nothing waiting ranks below it) or the scheduler's ValueErrors
+        (RequestTooLong, empty prompt), leaving nothing behind.
+
+        Returns the caller requests pushed out of the waiting queue to make room, each
+        with the error its caller gets; they are already aborted and forgotten here.
+        Only the first sample is held to the waiting bounds: samples 1..n-1 of an
+        admitted request join past them and are never pushed out.
+        """
         if request.request_id in self._children:
             raise DuplicateRequestId(f"request_id {request.request_id!r} is already running")
         samples = [self._sample(request, i) for i in range(request.sampling_params.n)]
         first, rest = samples[0], samples[1:]
-        self._submit(first)
+        shed = self._submit(first)
         self._children[request.request_id] = [s.request_id for s in samples]
         if rest and self._shares_prompt_blocks:
             self._held_siblings[first.request_id] = rest
         else:
             for sample in rest:
                 self._submit(sample)
+        return self._drop_shed(shed)
 
     @property
     def _shares_prompt_blocks(self) -> bool:
@@ -87,13 +95,25 @@ class EngineCore:
             seed = None if params.seed is None else params.seed + index
             params = dataclasses.replace(params, n=1, seed=seed)
         scheduled = Request(request_id, list(request.prompt_token_ids), params,
-                            priority=request.priority, cache_salt=request.cache_salt)
+                            priority=request.priority, cache_salt=request.cache_salt,
+                            exempt_from_bounds=index > 0)
         return TrackedRequest(scheduled, request.request_id, index,
                               RequestTiming(request.arrival_time))
 
-    def _submit(self, tracked: TrackedRequest) -> None:
-        self.scheduler.add_request(tracked.request)
+    def _submit(self, tracked: TrackedRequest) -> list[Request]:
+        shed = self.scheduler.add_request(tracked.request)
         self._tracked[tracked.request_id] = tracked
+        return shed
+
+    def _drop_shed(self, shed: list[Request]) -> dict[str, WaitingQueueFull]:
+        """Forget the scheduler requests pushed out of the queue and abort the rest of
+        their caller requests (a sample of n > 1 fails the whole request)."""
+        errors = {}
+        for request in shed:
+            tracked = self._tracked.pop(request.request_id)
+            errors[tracked.parent_id] = self.scheduler.bounds.full_error(pushed_out=True)
+            self.abort([tracked.parent_id])
+        return errors
 
     def abort(self, request_ids: Iterable[str]) -> None:
         """Drop the caller requests `request_ids` (unknown ids are ignored); frees their blocks."""
@@ -237,6 +257,10 @@ class EngineCore:
         return EngineStats(
             num_running=stats.num_running,
             num_waiting=stats.num_waiting + self._num_held_siblings,
+            num_waiting_tokens=stats.num_waiting_tokens,
+            max_num_waiting_seqs=self.scheduler.config.max_num_waiting_seqs or 0,
+            max_num_waiting_tokens=self.scheduler.config.max_num_waiting_tokens or 0,
+            num_requests_shed=stats.num_requests_shed,
             num_free_blocks=kv.num_free_blocks,
             num_blocks=kv.pool.num_blocks,
             prefix_cache_queries=stats.num_prefix_query_tokens,

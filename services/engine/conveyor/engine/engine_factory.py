@@ -97,4 +97,6 @@ def _scheduler_config(settings: EngineSettings, info: EngineInfo) -> SchedulerCo
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         enable_prefix_caching=settings.enable_prefix_caching,
+        max_num_waiting_seqs=settings.max_num_waiting_seqs or None,
+        max_num_waiting_tokens=settings.resolved_max_num_waiting_tokens(info.max_model_len),
     )

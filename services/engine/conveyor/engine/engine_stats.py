@@ -11,6 +11,11 @@ class EngineStats:
 
     num_running: int = 0
     num_waiting: int = 0
+    num_waiting_tokens: int = 0
+    """Tokens the scheduler's waiting requests still have to compute."""
+    max_num_waiting_seqs: int = 0
+    """The waiting-queue bounds (0: no limit); past them arrivals are shed."""
+    max_num_waiting_tokens: int = 0
     num_free_blocks: int = 0
     num_blocks: int = 0
     prefix_cache_queries: int = 0
@@ -18,6 +23,8 @@ class EngineStats:
     prefix_cache_hits: int = 0
     """Of those, tokens found."""
     num_preemptions: int = 0
+    num_requests_shed: int = 0
+    """Requests refused or pushed out because the waiting queue was full."""
 
     @property
     def kv_usage(self) -> float:

@@ -31,6 +31,9 @@ from conveyor.engine.settings import EngineSettings
 PROGRESS_BAR_MIN_REQUESTS = 8
 """With use_tqdm=None, batches at least this long show a progress bar."""
 
+UNBOUNDED_WAITING = {"max_num_waiting_seqs": 0, "max_num_waiting_tokens": 0}
+"""Offline, `generate` queues every prompt at once: no waiting bound unless one is given."""
+
 PromptInput = str | list[int] | dict[str, Any]
 """A text prompt, its token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}."""
 
@@ -41,7 +44,7 @@ class LLM:
     num_kv_blocks, dtype, device, attention_backend, enable_prefix_caching, seed, ...)."""
 
     def __init__(self, model: str = DEFAULT_MODEL, **settings: Any):
-        self.settings = EngineSettings(model=model, **settings)
+        self.settings = EngineSettings(model=model, **{**UNBOUNDED_WAITING, **settings})
         self.core = build_engine_core(self.settings)
         self.tokenizer = load_tokenizer(resolve_model(model))
         self._ids = itertools.count()

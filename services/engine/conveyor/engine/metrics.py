@@ -51,6 +51,8 @@ class EngineMetrics:
         self.prefix_cache_hits = self._counter(
             "prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.num_preemptions = self._counter("num_preemptions", "Requests preempted.")
+        self.num_requests_shed = self._counter(
+            "num_requests_shed", "Requests refused or pushed out of the full waiting queue.")
         self.prompt_tokens = self._counter("prompt_tokens", "Prefilled prompt tokens.")
         self.generation_tokens = self._counter("generation_tokens", "Generated tokens.")
 
@@ -73,6 +75,7 @@ class EngineMetrics:
         _advance(self.prefix_cache_queries, stats.prefix_cache_queries, last.prefix_cache_queries)
         _advance(self.prefix_cache_hits, stats.prefix_cache_hits, last.prefix_cache_hits)
         _advance(self.num_preemptions, stats.num_preemptions, last.num_preemptions)
+        _advance(self.num_requests_shed, stats.num_requests_shed, last.num_requests_shed)
 
     def record_iteration(self, iteration: IterationStats) -> None:
         self.prompt_tokens.inc(iteration.num_prompt_tokens)

@@ -40,4 +40,8 @@ def build_registration(settings: EngineSettings, engine: AsyncEngine,
 def load_of(engine: AsyncEngine) -> EngineLoad:
     """The load in the loop's latest stats snapshot (an attribute read, never a lock)."""
     stats = engine.stats()
-    return EngineLoad(stats.num_running, stats.num_waiting, stats.kv_usage)
+    return EngineLoad(stats.num_running, stats.num_waiting, stats.kv_usage,
+                      num_free_blocks=stats.num_free_blocks, num_blocks=stats.num_blocks,
+                      num_waiting_tokens=stats.num_waiting_tokens,
+                      max_num_waiting_seqs=stats.max_num_waiting_seqs,
+                      max_num_waiting_tokens=stats.max_num_waiting_tokens)

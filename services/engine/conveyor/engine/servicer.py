@@ -2,7 +2,8 @@
 
 Generate: INVALID_ARGUMENT (with conveyor-error-reason metadata) for a bad
 request, INTERNAL when the model failed it, ALREADY_EXISTS for a request id in
-flight, UNAVAILABLE while shutting down. A cancelled stream aborts the request.
+flight, RESOURCE_EXHAUSTED (reason queue_full) when the waiting queue is full,
+UNAVAILABLE while shutting down. A cancelled stream aborts the request.
 Each finished sample leaves queue / prefill / decode spans under the call's span
 (request_tracing).
 """
@@ -14,9 +15,9 @@ import uuid
 
 import grpc
 
-from conveyor.common.errors import ERROR_REASON_KEY, INVALID_REQUEST
+from conveyor.common.errors import ERROR_REASON_KEY, INVALID_REQUEST, QUEUE_FULL
 from conveyor.engine.async_engine import AsyncEngine, EngineStoppedError, RequestFailedError
-from conveyor.engine.core.errors import DuplicateRequestId
+from conveyor.engine.core.errors import DuplicateRequestId, WaitingQueueFull
 from conveyor.engine.core.request import FinishReason
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.request_delta import RequestDelta
@@ -34,6 +35,7 @@ _FINISH_REASONS = {
     FinishReason.STOP: engine_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: engine_pb2.FINISH_REASON_LENGTH,
     FinishReason.ABORT: engine_pb2.FINISH_REASON_ABORT,
+    FinishReason.QUEUE_FULL: engine_pb2.FINISH_REASON_ABORT,  # raised as WaitingQueueFull
 }
 _OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed",
                              "presence_penalty", "frequency_penalty", "repetition_penalty")
@@ -59,6 +61,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))
         except DuplicateRequestId as exc:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        except WaitingQueueFull as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc),
+                                trailing_metadata=((ERROR_REASON_KEY, QUEUE_FULL),))
         except EngineStoppedError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
@@ -77,6 +82,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             kv_usage=stats.kv_usage, num_free_blocks=stats.num_free_blocks,
             num_blocks=stats.num_blocks, prefix_cache_hit_rate=stats.prefix_cache_hit_rate,
             num_preemptions=stats.num_preemptions,
+            num_waiting_tokens=stats.num_waiting_tokens,
+            max_num_waiting_seqs=stats.max_num_waiting_seqs,
+            max_num_waiting_tokens=stats.max_num_waiting_tokens,
+            num_requests_shed=stats.num_requests_shed,
         )
 
     def to_engine_request(self, request: engine_pb2.GenerateRequest) -> EngineRequest:

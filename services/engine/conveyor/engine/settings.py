@@ -15,6 +15,8 @@ DEFAULT_PORT = 50052
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+WAITING_TOKENS_PER_BATCHED_TOKEN = 8
+"""The default waiting-token bound in step budgets: about 8 full prefill steps queued."""
 
 
 def idle_cpu_count() -> int:
@@ -37,6 +39,16 @@ class EngineSettings(ModelSettingsMixin, ServiceSettings):
     max_num_seqs: int = Field(64, ge=1, description="Most requests computed in one step.")
     max_num_batched_tokens: int = Field(
         2048, ge=1, description="Token budget of one step (prefill chunks + decode tokens)."
+    )
+    max_num_waiting_seqs: int = Field(
+        256, ge=0, description="Most requests waiting to run (0 = no limit; 256 = 4 full batches "
+        "at the default max_num_seqs); past it an arrival pushes out a lower-priority waiting "
+        "request or is refused (RESOURCE_EXHAUSTED, reason queue_full).",
+    )
+    max_num_waiting_tokens: int | None = Field(
+        None, ge=0, description="Most tokens the waiting requests may still have to compute "
+        "(0 = no limit; unset = 8 x max_num_batched_tokens, about 8 full prefill steps, and at "
+        "least max_model_len), shed like max_num_waiting_seqs.",
     )
     kv_cache_gib: float = Field(
         1.0, gt=0, description="On CPU: memory given to KV blocks, in GiB."
@@ -111,6 +123,13 @@ class EngineSettings(ModelSettingsMixin, ServiceSettings):
     @classmethod
     def _idle_cores_when_unset(cls, value: int | None) -> int:
         return idle_cpu_count() if value is None else value
+
+    def resolved_max_num_waiting_tokens(self, max_model_len: int) -> int | None:
+        """The waiting-token bound (None: no limit), with the default resolved."""
+        if self.max_num_waiting_tokens is None:
+            return max(WAITING_TOKENS_PER_BATCHED_TOKEN * self.max_num_batched_tokens,
+                       max_model_len)
+        return self.max_num_waiting_tokens or None
 
     def resolved_engine_id(self) -> str:
         return self.engine_id or _default_engine_id()

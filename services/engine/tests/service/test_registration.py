@@ -44,14 +44,19 @@ def test_an_empty_redis_url_turns_registration_off():
 
 
 async def test_registers_with_the_loop_load_and_leaves_on_stop(redis, prefix):
-    stats = EngineStats(num_running=2, num_waiting=1, num_free_blocks=3, num_blocks=4)
+    stats = EngineStats(num_running=2, num_waiting=1, num_free_blocks=3, num_blocks=4,
+                        num_waiting_tokens=40, max_num_waiting_seqs=8,
+                        max_num_waiting_tokens=512)
     settings = _settings(redis_url="redis://127.0.0.1:6379/0", redis_prefix=prefix)
     entry = build_registration(settings, _engine(stats), 7001)
     registry = EngineRegistry(redis, prefix=prefix)
     await entry.start()
     [live] = await registry.list_live("tiny")
     assert (live.engine_id, live.address) == ("engine-under-test", "127.0.0.1:7001")
-    assert live.load == EngineLoad(2, 1, 0.25)
+    assert live.load == EngineLoad(2, 1, 0.25, num_free_blocks=3, num_blocks=4,
+                                   num_waiting_tokens=40, max_num_waiting_seqs=8,
+                                   max_num_waiting_tokens=512)
+    assert not live.load.is_waiting_full
     await entry.stop()
     assert await registry.list_live() == []
 

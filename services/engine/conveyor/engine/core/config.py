@@ -30,6 +30,11 @@ class SchedulerConfig:
     prompt cannot crowd out other requests' prefills."""
     enable_prefix_caching: bool = True
     """Share full blocks between requests whose token prefixes (and cache salts) match."""
+    max_num_waiting_seqs: int | None = None
+    """Most requests in the waiting queue (None: no limit); see WaitingBounds."""
+    max_num_waiting_tokens: int | None = None
+    """Most tokens the waiting requests may still have to compute (None: no limit); at
+    least max_model_len, so one request always fits an empty queue."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -50,11 +55,12 @@ class SchedulerConfig:
             value = getattr(self, name)
             if value < 1:
                 raise InvalidSchedulerConfig(f"{name} must be at least 1, got {value}")
-        threshold = self.long_prefill_token_threshold
-        if threshold is not None and threshold < 1:
-            raise InvalidSchedulerConfig(
-                f"long_prefill_token_threshold must be None or at least 1, got {threshold}"
-            )
+        for name in ("long_prefill_token_threshold", "max_num_waiting_seqs",
+                     "max_num_waiting_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InvalidSchedulerConfig(f"{name} must be None or at least 1, got {value}")
+        self._validate_waiting_tokens()
         if self.max_blocks_per_seq > self.num_blocks:
             raise KVCacheTooSmall(
                 f"the KV cache holds {self.num_blocks} blocks x {self.block_size} tokens = "
@@ -62,4 +68,13 @@ class SchedulerConfig:
                 f"{self.max_model_len} sequence needs ({self.max_blocks_per_seq} blocks); "
                 f"increase kv_cache_gib (CPU), memory_utilization (GPU) or num_kv_blocks, "
                 f"or lower max_model_len"
+            )
+
+    def _validate_waiting_tokens(self) -> None:
+        bound = self.max_num_waiting_tokens
+        if bound is not None and bound < self.max_model_len:
+            raise InvalidSchedulerConfig(
+                f"max_num_waiting_tokens ({bound}) must be at least max_model_len "
+                f"({self.max_model_len}), or a long prompt could never be queued; raise "
+                f"CONVEYOR_ENGINE_MAX_NUM_WAITING_TOKENS (0: no limit)"
             )

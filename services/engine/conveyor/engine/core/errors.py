@@ -29,3 +29,20 @@ class KVCacheTooSmall(ValueError):
 
 class InvalidSchedulerConfig(ValueError):
     """A scheduler setting is out of range; the message names the setting."""
+
+
+class WaitingQueueFull(Exception):
+    """The waiting queue is at its bound: a request was refused on arrival, or pushed out
+    by a higher-priority arrival. Not the caller's fault: it may retry later or elsewhere.
+
+    The message names the bounds; `pushed_out` says which of the two happened.
+    """
+
+    def __init__(self, max_num_seqs: int | None, max_num_tokens: int | None,
+                 pushed_out: bool = False) -> None:
+        seqs = "unlimited" if max_num_seqs is None else max_num_seqs
+        tokens = "unlimited" if max_num_tokens is None else max_num_tokens
+        cause = "pushed out by a higher-priority request: " if pushed_out else ""
+        super().__init__(f"{cause}the engine's waiting queue is full ({seqs} requests / "
+                         f"{tokens} tokens); retry later")
+        self.pushed_out = pushed_out

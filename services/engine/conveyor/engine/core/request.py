@@ -14,6 +14,9 @@ class FinishReason(enum.Enum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    QUEUE_FULL = "queue_full"
+    """Pushed out of a full waiting queue before it ran (engine-internal: the caller gets
+    a WaitingQueueFull error, never this as an OpenAI finish_reason)."""
 
 
 class RequestStatus(enum.Enum):
@@ -55,6 +58,9 @@ class Request:
     """Prompt tokens served from the prefix cache at first admission (usage.cached_tokens);
     None until the request is first scheduled."""
     num_preemptions: int = 0
+    exempt_from_bounds: bool = False
+    """Queued past the waiting bounds and never shed: a later sample of an n > 1 request
+    whose first sample was admitted."""
     block_hashes: list[bytes] = field(default_factory=list)
 
     @property
@@ -90,6 +96,12 @@ class Request:
     @property
     def is_waiting(self) -> bool:
         return self.status is RequestStatus.WAITING or self.status is RequestStatus.PREEMPTED
+
+    @property
+    def may_be_shed(self) -> bool:
+        """Only a request that never ran (not a preempted one, whose caller has seen tokens)
+        may be pushed out of a full waiting queue."""
+        return self.status is RequestStatus.WAITING and not self.exempt_from_bounds
 
     def token_ids_in(self, start: int, end: int) -> list[int]:
         """Tokens at positions start .. end - 1 of prompt + output, without joining them."""

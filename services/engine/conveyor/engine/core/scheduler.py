@@ -15,6 +15,7 @@ from conveyor.engine.core.request_update import RequestUpdate
 from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SampledToken, SchedulerOutput
 from conveyor.engine.core.scheduler_stats import SchedulerStats
 from conveyor.engine.core.stop_check import check_finished
+from conveyor.engine.core.waiting_bounds import WaitingBounds
 from conveyor.engine.core.waiting_queue import WaitingQueue
 
 
@@ -34,7 +35,9 @@ class Scheduler:
     Invariants: `running` holds at most `max_num_seqs` requests, in admission
     order; every live request is in exactly one of `running` and `waiting`;
     only running requests (and requests aborted while a step was in flight,
-    until its end) hold blocks.
+    until its end) hold blocks, so a waiting request leaves without freeing any.
+    The waiting queue is bounded (`WaitingBounds`): `add_request` refuses an
+    arrival or pushes lower-priority waiting requests out to make room.
     """
 
     def __init__(self, config: SchedulerConfig, eos_token_ids: Iterable[int] = ()) -> None:
@@ -45,8 +48,11 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         """Live (waiting or running) requests by id; finished ones leave at once."""
         self.waiting = WaitingQueue()
+        self.bounds = WaitingBounds(config.max_num_waiting_seqs, config.max_num_waiting_tokens)
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_requests_shed = 0
+        """Requests refused or pushed out because the waiting queue was full."""
         self._num_arrivals = 0
         self._step_in_flight = False
         self._aborted_in_flight: list[Request] = []
@@ -70,17 +76,35 @@ class Scheduler:
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
+            num_waiting_tokens=self.waiting.num_tokens,
             kv_cache_usage=kv.usage,
             num_prefix_query_tokens=kv.num_prefix_query_tokens,
             num_prefix_hit_tokens=kv.num_prefix_hit_tokens,
             num_preemptions=self.num_preemptions,
             num_evictions=kv.pool.num_evictions,
+            num_requests_shed=self.num_requests_shed,
         )
 
-    def add_request(self, request: Request) -> None:
-        """Queue a request; it can join the next `schedule()`. Raises RequestTooLong when
-        prompt + max_tokens > max_model_len. `sampling_params.n` is not looked at: n > 1
-        is fanned out into n requests above the scheduler."""
+    def add_request(self, request: Request) -> list[Request]:
+        """Queue a request; it can join the next `schedule()`. `sampling_params.n` is not
+        looked at: n > 1 is fanned out into n requests above the scheduler.
+
+        Returns the waiting requests pushed out to make room for it (finished with
+        QUEUE_FULL and gone from the scheduler; they held no blocks), usually none.
+        Raises, changing nothing: RequestTooLong when prompt + max_tokens >
+        max_model_len, WaitingQueueFull when the queue is full and nobody ranks below
+        the request (see WaitingBounds; `exempt_from_bounds` requests skip the check).
+        """
+        self._check_new(request)
+        shed = [] if request.exempt_from_bounds else self._make_room_for(request)
+        request.arrival_seq = self._num_arrivals
+        self._num_arrivals += 1
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+        return shed
+
+    def _check_new(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise DuplicateRequestId(f"request id {request.request_id!r} is already in use")
         if not request.prompt_token_ids:
@@ -90,11 +114,23 @@ class Scheduler:
             raise RequestTooLong(
                 request.request_id, request.num_prompt_tokens, request.max_tokens, max_model_len
             )
-        request.arrival_seq = self._num_arrivals
-        self._num_arrivals += 1
-        request.status = RequestStatus.WAITING
-        self.requests[request.request_id] = request
-        self.waiting.add(request)
+
+    def _make_room_for(self, request: Request) -> list[Request]:
+        shed = self.bounds.requests_to_shed(self.waiting, request)
+        if shed is None:
+            self.num_requests_shed += 1
+            raise self.bounds.full_error()
+        for victim in shed:
+            self._shed(victim)
+        return shed
+
+    def _shed(self, request: Request) -> None:
+        """Push a waiting request out of the queue (it holds no blocks)."""
+        del self.requests[request.request_id]
+        self.waiting.remove(request)
+        request.finish(FinishReason.QUEUE_FULL)
+        self._finished_request_ids.append(request.request_id)
+        self.num_requests_shed += 1
 
     def abort(self, request_id: str) -> bool:
         """Finish a request with reason "abort"; False (and no change) if it is unknown or

@@ -11,6 +11,8 @@ class SchedulerStats:
 
     num_running: int
     num_waiting: int
+    num_waiting_tokens: int
+    """Tokens the waiting requests still have to compute."""
     kv_cache_usage: float
     """Fraction of KV blocks held by requests."""
     num_prefix_query_tokens: int
@@ -18,6 +20,8 @@ class SchedulerStats:
     num_preemptions: int
     num_evictions: int
     """Cached blocks dropped because their block was reused."""
+    num_requests_shed: int = 0
+    """Requests refused or pushed out because the waiting queue was full."""
 
     @property
     def prefix_hit_rate(self) -> float:

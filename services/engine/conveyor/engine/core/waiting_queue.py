@@ -19,12 +19,19 @@ class WaitingQueue:
     A preempted request goes back under its original arrival number, so it lands
     where it first stood, not at the back. Insert and remove are a binary search
     plus a memmove: cheap for the thousands of requests one engine queues.
+
+    `num_tokens` is the sum of the queued requests' `num_tokens_to_compute`, kept
+    as they come and go: a queued request's tokens do not change while it waits
+    (it has no computed tokens and gains no output until it runs).
     """
 
-    __slots__ = ("_requests",)
+    __slots__ = ("_requests", "num_tokens")
 
     def __init__(self) -> None:
         self._requests: list[Request] = []
+        self.num_tokens = 0
+        """Tokens the queued requests still have to compute (whole prompts; a preempted
+        request's prompt and outputs so far)."""
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -35,20 +42,28 @@ class WaitingQueue:
     def __iter__(self) -> Iterator[Request]:
         return iter(self._requests)
 
+    def __reversed__(self) -> Iterator[Request]:
+        """Worst first: the highest priority value, the latest arrival."""
+        return reversed(self._requests)
+
     def add(self, request: Request) -> None:
         insort(self._requests, request, key=scheduling_order)
+        self.num_tokens += request.num_tokens_to_compute
 
     def peek(self) -> Request:
         """The next request to admit; IndexError when empty."""
         return self._requests[0]
 
     def pop(self) -> Request:
-        return self._requests.pop(0)
+        request = self._requests.pop(0)
+        self.num_tokens -= request.num_tokens_to_compute
+        return request
 
     def remove(self, request: Request) -> bool:
         """Take a request out wherever it stands; False if it is not queued."""
         index = bisect_left(self._requests, scheduling_order(request), key=scheduling_order)
         if index < len(self._requests) and self._requests[index] is request:
             del self._requests[index]
+            self.num_tokens -= request.num_tokens_to_compute
             return True
         return False
