@@ -25,7 +25,7 @@ from conveyor.common.batch_record import (
 )
 from conveyor.common.batch_store import new_batch_id
 from conveyor.common.file_records import now_s
-from conveyor.gateway.batches.batch_services import BatchServices, serve
+from conveyor.gateway.batches.batch_services import BatchServices, list_page, serve
 from conveyor.gateway.batches.files_api import file_not_found
 from conveyor.gateway.errors import APIError, bad_request, unavailable
 
@@ -75,10 +75,7 @@ async def list_batches(request: Request, after: str | None = None,
         tenant = await services.tenant(request)
         records, has_more = await services.batches.list(tenant.tenant_id, after=after,
                                                         limit=limit)
-        data = [r.to_openai() for r in records]
-        return {"object": "list", "data": data, "has_more": has_more,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None}
+        return list_page([r.to_openai() for r in records], has_more)
 
     return await serve(request, "batches", work)
 

@@ -14,7 +14,7 @@ from starlette.responses import Response, StreamingResponse
 
 from conveyor.common.file_records import FileRecord, new_file_id, now_s
 from conveyor.common.file_store import FileTooLarge
-from conveyor.gateway.batches.batch_services import BatchServices, serve
+from conveyor.gateway.batches.batch_services import BatchServices, list_page, serve
 from conveyor.gateway.batches.multipart_upload import receive_upload
 from conveyor.gateway.errors import APIError, bad_request
 
@@ -64,10 +64,7 @@ async def list_files(request: Request, purpose: str | None = None, after: str | 
         records = await services.file_records.list(
             tenant.tenant_id, purpose=purpose, limit=limit + 1, after=after,
             newest_first=order == "desc")
-        data = [r.to_openai() for r in records[:limit]]
-        return {"object": "list", "data": data, "has_more": len(records) > limit,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None}
+        return list_page([r.to_openai() for r in records[:limit]], len(records) > limit)
 
     return await serve(request, "files", work)
 
