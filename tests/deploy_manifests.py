@@ -25,10 +25,12 @@ SETTINGS_CLASSES = {
     "gateway": ("conveyor.gateway.settings", "GatewaySettings"),
 }
 GRPC_SERVICES = ("tokenizer", "engine", "detok")
+WORKER_SETTINGS = {"batch": ("conveyor.batch.settings", "BatchSettings")}
+"""Processes that listen on no port (the Celery batch worker)."""
 
 
 def settings_class(service: str) -> type:
-    module, name = SETTINGS_CLASSES[service]
+    module, name = {**SETTINGS_CLASSES, **WORKER_SETTINGS}[service]
     return getattr(importlib.import_module(module), name)
 
 

@@ -174,3 +174,50 @@ def test_manifests_and_compose_agree_on_ports_and_drain(service):
 def test_cpu_engine_uses_as_many_torch_threads_as_it_requests_cores():
     requested = m.container("cpu", "engine")["resources"]["requests"]["cpu"]
     assert _settings("cpu", "engine").torch_threads == int(requested)
+
+
+def test_batch_worker_variables_are_settings():
+    env = m.container_env("cpu", "batch")
+    conveyor = {k for k in env if k.startswith("CONVEYOR_")}
+    assert conveyor and conveyor <= m.setting_names("batch"), sorted(conveyor)
+    assert set(env) == conveyor
+
+
+def test_batch_worker_sends_lines_to_the_gateway_service():
+    url = urlparse(_settings("cpu", "batch").gateway_url)
+    m.find("cpu", "Service", url.hostname)
+    assert url.hostname == "gateway" and url.port == _settings("cpu", "gateway").port
+
+
+def test_batch_worker_and_gateways_share_the_files_volume_and_redis_namespace():
+    batch, gateway = _settings("cpu", "batch"), _settings("cpu", "gateway")
+    assert batch.files_dir == gateway.files_dir
+    assert batch.redis_prefix == gateway.redis_prefix
+    claims = set()
+    for name in ("batch", "gateway"):
+        volumes = {v["name"]: v for v in m.pod_spec("cpu", name)["volumes"]}
+        [mount] = [v for v in m.container("cpu", name)["volumeMounts"]
+                   if v["mountPath"] == batch.files_dir]
+        claims.add(volumes[mount["name"]]["persistentVolumeClaim"]["claimName"])
+    [claim] = claims
+    assert m.find("cpu", "PersistentVolumeClaim", claim)["spec"]["accessModes"] == [
+        "ReadWriteMany"]
+
+
+def test_batch_token_comes_from_one_secret_key_on_both_sides():
+    refs = set()
+    for name, variable in (("batch", "CONVEYOR_BATCH_GATEWAY_TOKEN"),
+                           ("gateway", "CONVEYOR_GATEWAY_BATCH_TOKEN")):
+        [entry] = [e for e in m.container("cpu", name)["env"] if e["name"] == variable]
+        ref = entry["valueFrom"]["secretKeyRef"]
+        refs.add((ref["name"], ref["key"]))
+        assert variable in m.setting_names(name)
+    assert len(refs) == 1
+
+
+def test_batch_worker_grace_covers_the_lines_in_flight():
+    longest_s = min(_settings("cpu", "batch").line_timeout_s,
+                    _settings("cpu", "gateway").request_timeout_s)
+    grace_s = m.pod_spec("cpu", "batch")["terminationGracePeriodSeconds"]
+    assert grace_s >= longest_s + GRACE_MARGIN_S
+
