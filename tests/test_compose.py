@@ -182,3 +182,29 @@ def test_gateway_dials_the_compose_services(compose):
                              ("detok", gateway.detok_address)):
         assert address == f"{service}:{_settings(compose, service).port}"
     assert gateway.engine_address_list == [f"engine:{_settings(compose, 'engine').port}"]
+
+
+def test_batch_worker_variables_are_settings_and_agree_with_the_gateway(compose):
+    env = {k: str(v) for k, v in compose["services"]["batch"]["environment"].items()}
+    assert set(env) <= m.setting_names("batch"), sorted(set(env) - m.setting_names("batch"))
+    batch, gateway = m.settings_from("batch", env), _settings(compose, "gateway")
+    assert batch.gateway_url == f"http://gateway:{gateway.port}"
+    assert batch.gateway_token == gateway.batch_token != ""
+    assert batch.redis_url == gateway.redis_url and batch.files_dir == gateway.files_dir
+    for service in ("batch", "gateway"):
+        mounts = dict(v.split(":", 1) for v in compose["services"][service]["volumes"])
+        assert mounts["batch-files"] == batch.files_dir
+
+
+def test_batch_worker_stop_lets_its_lines_in_flight_finish(compose):
+    env = {k: str(v) for k, v in compose["services"]["batch"]["environment"].items()}
+    longest_s = min(m.settings_from("batch", env).line_timeout_s,
+                    _settings(compose, "gateway").request_timeout_s)
+    grace_s = _seconds(compose["services"]["batch"]["stop_grace_period"])
+    assert grace_s >= longest_s + GRACE_MARGIN_S
+
+
+def test_batch_container_runs_its_image_command(compose):
+    dockerfile = (ROOT / "services" / "batch" / "Dockerfile").read_text()
+    cmd = re.search(r"^CMD (.+)$", dockerfile, re.M).group(1)
+    assert compose["services"]["batch"]["command"] == yaml.safe_load(cmd)
