@@ -158,6 +158,7 @@ def check_invariants(scheduler: Scheduler) -> None:
     live = {id(r) for r in scheduler.running} | {id(r) for r in scheduler.waiting}
     assert len(live) == len(scheduler.running) + len(scheduler.waiting)
     assert live == {id(r) for r in scheduler.requests.values()}
+    assert scheduler.waiting.num_tokens == sum(r.num_tokens_to_compute for r in scheduler.waiting)
 
 
 @pytest.fixture

@@ -59,11 +59,11 @@ class FakeRunner:
 
 def make_core(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 128,
               max_num_batched_tokens: int = 64, max_num_seqs: int = 16,
-              enable_prefix_caching: bool = True) -> EngineCore:
+              enable_prefix_caching: bool = True, **waiting_bounds) -> EngineCore:
     config = SchedulerConfig(num_blocks=num_blocks, block_size=block_size,
                              max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                              max_num_batched_tokens=max_num_batched_tokens,
-                             enable_prefix_caching=enable_prefix_caching)
+                             enable_prefix_caching=enable_prefix_caching, **waiting_bounds)
     info = EngineInfo(model="fake", max_model_len=max_model_len, block_size=block_size,
                       num_blocks=num_blocks, vocab_size=VOCAB_SIZE, attention_backend="fake",
                       dtype="float32", engine_id="test-engine", eos_token_ids=(EOS,))
