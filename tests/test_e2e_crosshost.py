@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import importlib.util
 import os
 import random
 import shutil
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,24 +32,12 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from conveyor.common import replica_processes as rp
 from conveyor.common.engine_registry import EngineRegistry
 from conveyor.common.service_registry import ReplicaEntry, ServiceRegistry
 from conveyor.common.testing import ServiceProcess
 
 pytestmark = pytest.mark.slow
-
-
-def _helpers():
-    """replica_processes.py by path (tests/ is not a package; --import-mode=importlib)."""
-    if "replica_processes" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "replica_processes", Path(__file__).with_name("replica_processes.py"))
-        sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[spec.name])
-    return sys.modules["replica_processes"]
-
-
-rp = _helpers()
 
 PREFIX = "crosshost"
 MAX_MODEL_LEN = "512"

@@ -11,33 +11,23 @@ replicas registered in Redis, the stack's engine, and a gateway of their own.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import signal
-import sys
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
 
+from conveyor.common.replica_processes import (
+    MODEL,
+    replica_calls,
+    replica_process,
+    start_all,
+    stop_all,
+)
+
 pytestmark = pytest.mark.slow
-
-
-def _helpers():
-    """replica_processes.py by path (tests/ is not a package; --import-mode=importlib)."""
-    if "replica_processes" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "replica_processes", Path(__file__).with_name("replica_processes.py"))
-        sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[spec.name])
-    return sys.modules["replica_processes"]
-
-
-rp = _helpers()
-MODEL, replica_calls, replica_process = rp.MODEL, rp.replica_calls, rp.replica_process
-start_all, stop_all = rp.start_all, rp.stop_all
 
 MAX_MODEL_LEN = "2048"
 """The stack engine's context length (the tokenizer validates against it)."""

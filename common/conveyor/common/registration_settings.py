@@ -1,4 +1,4 @@
-"""Settings of a replica that registers itself in Redis (tokenizer, detok)."""
+"""Settings of a replica that registers itself in Redis (engine, tokenizer, detok)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ class RegistrationSettings(BaseSettings):
     (which set the env prefix and the `host` it binds)."""
 
     redis_url: str = Field(
-        "redis://127.0.0.1:6379/0", description="Redis of the service registry gateways "
-        "balance over (empty: do not register).",
+        "redis://127.0.0.1:6379/0", description="Redis of the registry gateways find this "
+        "replica in (empty: do not register).",
     )
     redis_prefix: str = Field("conveyor", description="Namespace of the registry's Redis keys.")
     advertise_address: str = Field(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import socket
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from conveyor.common.engine_registry import DEFAULT_INTERVAL_S, DEFAULT_TTL_S
+from conveyor.common.registration_settings import RegistrationSettings
 from conveyor.common.settings import ModelSettingsMixin, ServiceSettings
 
 DEFAULT_PORT = 50052
@@ -29,7 +29,7 @@ def _default_engine_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class EngineSettings(ModelSettingsMixin, ServiceSettings):
+class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
     """Settings of one engine process (also the keyword arguments of the offline `LLM`)."""
 
     model_config = SettingsConfigDict(env_prefix="CONVEYOR_ENGINE_", extra="ignore")
@@ -86,39 +86,6 @@ class EngineSettings(ModelSettingsMixin, ServiceSettings):
         "not busy at start-up (CPU count minus the 1-minute load average, at least 1): "
         "threads spinning against other processes made steps 2-7x slower.",
     )
-    redis_url: str = Field(
-        "redis://127.0.0.1:6379/0", description="Redis of the engine registry gateways route "
-        "over (empty: do not register).",
-    )
-    redis_prefix: str = Field("conveyor", description="Namespace of the registry's Redis keys.")
-    advertise_address: str = Field(
-        "", description="host:port gateways dial, as registered (empty: the bound host, or "
-        "the hostname when bound to 0.0.0.0, and the bound port).",
-    )
-    heartbeat_interval_s: float = Field(
-        DEFAULT_INTERVAL_S, gt=0, description="Seconds between registry heartbeats."
-    )
-    registry_ttl_s: float = Field(
-        DEFAULT_TTL_S, gt=0, description="Seconds without a heartbeat before gateways drop "
-        "this engine.",
-    )
-
-    @model_validator(mode="after")
-    def _heartbeat_within_ttl(self) -> EngineSettings:
-        if self.heartbeat_interval_s >= self.registry_ttl_s:
-            raise ValueError(
-                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be shorter than "
-                f"registry_ttl_s ({self.registry_ttl_s}); change CONVEYOR_ENGINE_HEARTBEAT_"
-                "INTERVAL_S or CONVEYOR_ENGINE_REGISTRY_TTL_S")
-        return self
-
-    def resolved_advertise_address(self, bound_port: int) -> str:
-        """Where gateways reach this engine: `advertise_address`, else host:bound port."""
-        if self.advertise_address:
-            return self.advertise_address
-        host = socket.gethostname() if self.host in ("0.0.0.0", "::", "[::]") else self.host
-        return f"{host}:{bound_port}"
-
     @field_validator("torch_threads")
     @classmethod
     def _idle_cores_when_unset(cls, value: int | None) -> int:

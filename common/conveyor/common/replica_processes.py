@@ -1,5 +1,5 @@
 """Tokenizer, detok and engine replicas as real processes registered in Redis, and the
-gateway's per-replica call counts (helpers of the failover and cross-host tests)."""
+gateway's per-replica call counts (for the failover and cross-host tests)."""
 
 from __future__ import annotations
 
