@@ -195,7 +195,7 @@ def test_200_lines_in_order_equal_to_interactive(gateway, keys, worker):
     assert batch_texts == asyncio.run(interactive())
 
 
-def test_worker_killed_twice_every_line_once(gateway, keys, worker):
+async def test_worker_killed_twice_every_line_once(gateway, keys, worker, idle_engine):
     client = client_of(gateway, keys["a"])
     lines = numbered_lines(200)
     first = worker()
@@ -211,6 +211,8 @@ def test_worker_killed_twice_every_line_once(gateway, keys, worker):
     batch = wait_for(client, batch.id, finished, timeout_s=300)
     assert batch.status == "completed", batch
     assert_each_line_once(client, gateway, keys["a"], batch, lines)
+    stats = await idle_engine(timeout_s=10)  # the killed workers' lines were aborted
+    assert stats.num_free_blocks == stats.num_blocks and stats.num_running == 0
 
 
 def test_sigterm_hands_the_rest_back_at_once(gateway, keys, worker):

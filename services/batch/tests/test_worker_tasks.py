@@ -198,3 +198,13 @@ async def test_a_stopping_worker_hands_the_rest_of_its_chunk_on(harness):
     await run_chunk(h.ctx, *chunk)
     assert await h.store.finished_lines("batch_x") == set()
     assert h.sent[-1] == (CHUNK_TASK, chunk)
+
+
+async def test_an_input_deleted_before_its_chunks_ran_fails_the_batch(harness):
+    h = harness()
+    await h.batch(4)
+    h.ctx.files.delete("file-input")
+    await h.run_chunks()
+    record = await h.store.get("batch_x")
+    assert record.status is BatchStatus.FAILED
+    assert [e["code"] for e in record.errors] == ["input_file_missing"]

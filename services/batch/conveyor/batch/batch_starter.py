@@ -10,10 +10,9 @@ enqueues).
 
 from __future__ import annotations
 
-import json
 import logging
 
-from conveyor.batch.finalizer import finalize
+from conveyor.batch.finalizer import INPUT_MISSING, fail_batch, finalize
 from conveyor.batch.input_lines import ValidatedInput, validate_input
 from conveyor.batch.worker_context import WorkerContext
 from conveyor.common.batch_queue import CHUNK_TASK
@@ -27,21 +26,21 @@ async def start_batch(ctx: WorkerContext, batch_id: str) -> None:
     if record is None:
         log.warning("batch %s: no such batch, task dropped", batch_id)
         return
-    if record.status is BatchStatus.CANCELLING:
-        await finalize(ctx, batch_id)
-    elif record.status is BatchStatus.IN_PROGRESS:
-        _enqueue_chunks(ctx, record, _validate(ctx, record))
-    elif record.status is BatchStatus.VALIDATING:
-        await _validate_and_start(ctx, record)
+    try:
+        if record.status is BatchStatus.CANCELLING:
+            await finalize(ctx, batch_id)
+        elif record.status is BatchStatus.IN_PROGRESS:
+            _enqueue_chunks(ctx, record, _validate(ctx, record))
+        elif record.status is BatchStatus.VALIDATING:
+            await _validate_and_start(ctx, record)
+    except FileNotFoundError:
+        await fail_batch(ctx, batch_id, [INPUT_MISSING])
 
 
 async def _validate_and_start(ctx: WorkerContext, record: BatchRecord) -> None:
     checked = _validate(ctx, record)
     if checked.errors:
-        errors = json.dumps([e.to_openai() for e in checked.errors])
-        await ctx.batches.transition(record.batch_id, (BatchStatus.VALIDATING,),
-                                     BatchStatus.FAILED, errors=errors)
-        log.info("batch %s failed validation: %d errors", record.batch_id, len(checked.errors))
+        await fail_batch(ctx, record.batch_id, [e.to_openai() for e in checked.errors])
         return
     moved, status = await ctx.batches.transition(
         record.batch_id, (BatchStatus.VALIDATING,), BatchStatus.IN_PROGRESS, total=checked.total)

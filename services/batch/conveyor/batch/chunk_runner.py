@@ -16,7 +16,7 @@ import logging
 import time
 from collections import deque
 
-from conveyor.batch.finalizer import finalize
+from conveyor.batch.finalizer import INPUT_MISSING, fail_batch, finalize
 from conveyor.batch.input_lines import InputLine, read_lines
 from conveyor.batch.line_sender import LineSender, output_line
 from conveyor.batch.worker_context import WorkerContext
@@ -36,9 +36,13 @@ async def run_chunk(ctx: WorkerContext, batch_id: str, first: int, end: int,
         await finalize(ctx, batch_id)
         return
     done = await ctx.batches.finished_lines(batch_id)
-    with ctx.files.open(record.input_file_id) as file:
-        lines = deque(line for line in read_lines(file, offset, first, end)
-                      if line.index not in done)
+    try:
+        with ctx.files.open(record.input_file_id) as file:
+            lines = deque(line for line in read_lines(file, offset, first, end)
+                          if line.index not in done)
+    except FileNotFoundError:
+        await fail_batch(ctx, batch_id, [INPUT_MISSING])
+        return
     sender = LineSender(ctx.http, batch_id, ctx.settings.gateway_token,
                         ctx.settings.max_backoff_s)
     stopped = await _run_lines(ctx, record, sender, lines)

@@ -7,7 +7,8 @@ batch is in progress), so finalizing again after a crash writes the same files
 under the same ids: the finalizer is idempotent.
 
 A batch whose every line failed is still `completed`, with an error file and an
-output file that is empty (never a null output_file_id).
+output file that is empty (never a null output_file_id). `fail_batch` ends a batch
+that cannot run at all (its input failed validation or is gone).
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ from conveyor.common.file_records import FileRecord, now_s
 log = logging.getLogger("conveyor.batch")
 
 OUTPUT_PURPOSE = "batch_output"
+INPUT_MISSING = {"code": "input_file_missing", "param": "input_file_id", "line": None,
+                 "message": "The batch's input file was deleted before the batch ran."}
+
+
+async def fail_batch(ctx: WorkerContext, batch_id: str, errors: list[dict]) -> None:
+    """validating / in_progress -> failed, with OpenAI's errors.data[]."""
+    await ctx.batches.transition(batch_id, (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS),
+                                 BatchStatus.FAILED, errors=json.dumps(errors))
+    log.info("batch %s failed: %s", batch_id, ", ".join(e["code"] for e in errors))
 
 
 async def finalize(ctx: WorkerContext, batch_id: str) -> None:
@@ -53,13 +63,17 @@ def _with_expired(ctx: WorkerContext, record: BatchRecord,
     expired = {"code": "batch_expired",
                "message": "This line was not executed because the batch expired."}
     lines: list[dict] = []
-    with ctx.files.open(record.input_file_id) as file:
-        for line in read_lines(file, 0, 0, record.total):
-            result = results.get(line.index)
-            if result is None:
-                lines.append(output_line(line.custom_id, None, expired))
-            elif not result.ok:
-                lines.append(result.line)
+    try:
+        with ctx.files.open(record.input_file_id) as file:
+            for line in read_lines(file, 0, 0, record.total):
+                result = results.get(line.index)
+                if result is None:
+                    lines.append(output_line(line.custom_id, None, expired))
+                elif not result.ok:
+                    lines.append(result.line)
+    except FileNotFoundError:  # the input was deleted: the lines' custom_ids are gone too
+        log.warning("batch %s: input file gone, expired lines not listed", record.batch_id)
+        return [r.line for _, r in sorted(results.items()) if not r.ok]
     return lines
 
 
