@@ -6,16 +6,23 @@ test modules from importing siblings).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from types import SimpleNamespace
 
 import pytest
 
+from conveyor.common.grpc_client import open_channel
+from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
+from conveyor.common.settings import ServiceSettings
+from conveyor.engine.async_engine import AsyncEngine
 from conveyor.engine.core.config import SchedulerConfig
 from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SampledToken, SchedulerOutput
 from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.engine_info import EngineInfo
+from conveyor.engine.servicer import SERVICE_NAME, EngineServicer
+from conveyor.v1 import engine_pb2_grpc
 
 VOCAB_SIZE = 100
 EOS = 99
@@ -79,7 +86,23 @@ def run_to_completion(core: EngineCore, max_steps: int = 1000):
     raise AssertionError("requests did not finish")
 
 
+@contextlib.asynccontextmanager
+async def serve_engine(core: EngineCore):
+    """The Engine service over `core` on a free port: (engine, stub) while it runs."""
+    engine = AsyncEngine(core).start()
+    registration = ServiceRegistration(
+        SERVICE_NAME, engine_pb2_grpc.add_EngineServicer_to_server, EngineServicer(engine))
+    service = await start_grpc_server(ServiceSettings(port=0), [registration])
+    channel = open_channel(f"127.0.0.1:{service.port}")
+    try:
+        yield engine, engine_pb2_grpc.EngineStub(channel)
+    finally:
+        await channel.close()
+        await service.server.stop(grace=None)
+        engine.shutdown()
+
+
 @pytest.fixture
 def support():
     return SimpleNamespace(make_core=make_core, run_to_completion=run_to_completion,
-                           VOCAB_SIZE=VOCAB_SIZE, EOS=EOS)
+                           serve_engine=serve_engine, VOCAB_SIZE=VOCAB_SIZE, EOS=EOS)

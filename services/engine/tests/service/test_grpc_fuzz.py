@@ -9,12 +9,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from conveyor.common.grpc_client import open_channel
-from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
-from conveyor.common.settings import ServiceSettings
-from conveyor.engine.async_engine import AsyncEngine
-from conveyor.engine.servicer import SERVICE_NAME, EngineServicer
-from conveyor.v1 import engine_pb2, engine_pb2_grpc
+from conveyor.v1 import engine_pb2
 
 MAX_MODEL_LEN = 64
 UINT32 = st.one_of(st.integers(0, 120), st.sampled_from([2**31, 2**32 - 1]))
@@ -25,15 +20,8 @@ FUZZ = settings(max_examples=150, derandomize=True, deadline=None, database=None
 
 @pytest.fixture
 async def stub(support):
-    engine = AsyncEngine(support.make_core(max_model_len=MAX_MODEL_LEN)).start()
-    registration = ServiceRegistration(
-        SERVICE_NAME, engine_pb2_grpc.add_EngineServicer_to_server, EngineServicer(engine))
-    service = await start_grpc_server(ServiceSettings(port=0), [registration])
-    channel = open_channel(f"127.0.0.1:{service.port}")
-    yield engine_pb2_grpc.EngineStub(channel)
-    await channel.close()
-    await service.server.stop(grace=None)
-    engine.shutdown()
+    async with support.serve_engine(support.make_core(max_model_len=MAX_MODEL_LEN)) as served:
+        yield served[1]
 
 
 _SAMPLING = st.fixed_dictionaries({}, optional={
