@@ -50,10 +50,6 @@ class BatchIdentity:
         self._batches = batches
         self._tiers = tiers
 
-    @staticmethod
-    def is_batch_line(headers: Mapping[str, str]) -> bool:
-        return BATCH_ID_HEADER in headers
-
     async def authenticate(self, headers: Mapping[str, str]) -> Tenant:
         if not self._token:
             raise BatchLinesRefused()

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from conveyor.common.batch_store import BatchStore
 from conveyor.gateway.tenancy.admission_control import AdmissionControl, Reservation
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore, bearer_key
-from conveyor.gateway.tenancy.batch_identity import BatchIdentity
+from conveyor.gateway.tenancy.batch_identity import BATCH_ID_HEADER, BatchIdentity
 from conveyor.gateway.tenancy.batch_quota import BatchQuota
 from conveyor.gateway.tenancy.priority import engine_priority
 from conveyor.gateway.tenancy.quota_snapshot import NO_QUOTA
@@ -98,7 +98,7 @@ class TenantAdmitter:
     async def authenticate(self, headers: Mapping[str, str]) -> Tenant:
         """The caller's tenant; MissingApiKey / InvalidApiKey (401) when auth is on.
         A batch worker's line is its batch's tenant (batch_identity)."""
-        if self._batch is not None and self._batch.is_batch_line(headers):
+        if self._batch is not None and BATCH_ID_HEADER in headers:
             return await self._batch.authenticate(headers)
         if self._keys is None:
             return self._anonymous
