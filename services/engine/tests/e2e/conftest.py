@@ -8,10 +8,13 @@ are computed once per prompt, unbatched (no padding).
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
+
+from conveyor.common.testing import ServiceProcess
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -107,3 +110,30 @@ def hf_greedy(engine_test_support):
 
 def _eos_ids(value) -> list[int]:
     return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_engine(**settings: str) -> ServiceProcess:
+    """A started `python -m conveyor.engine` with the bundled model on a free port, one torch
+    thread and a small KV pool, Prometheus on `process.metrics_port`; `settings` override
+    CONVEYOR_ENGINE_<NAME> by lower-case name (max_model_len="512", ...)."""
+    metrics_port = free_port()
+    env = {"HF_HUB_OFFLINE": "1", "CONVEYOR_ENGINE_PORT": "0",
+           "CONVEYOR_ENGINE_KV_CACHE_GIB": "0.1",
+           "CONVEYOR_ENGINE_TORCH_THREADS": str(TORCH_THREADS),
+           "CONVEYOR_ENGINE_METRICS_PORT": str(metrics_port)}
+    env.update({f"CONVEYOR_ENGINE_{name.upper()}": value for name, value in settings.items()})
+    process = ServiceProcess("conveyor.engine", env).start(timeout_s=300)
+    process.metrics_port = metrics_port
+    return process
+
+
+@pytest.fixture(scope="session")
+def engine_launcher():
+    """`start_engine` (module fixtures start their own engine process with it)."""
+    return start_engine

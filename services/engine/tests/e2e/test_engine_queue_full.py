@@ -5,7 +5,6 @@ the lower priority first, every other request finishes, and the engine ends idle
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 import urllib.request
 
@@ -14,7 +13,6 @@ import pytest
 
 from conveyor.common.errors import ERROR_REASON_KEY, QUEUE_FULL
 from conveyor.common.grpc_client import open_channel
-from conveyor.common.testing import ServiceProcess
 from conveyor.v1 import engine_pb2, engine_pb2_grpc
 
 pytestmark = pytest.mark.slow
@@ -24,27 +22,10 @@ BLOCKER_TOKENS = 300
 TOP, HIGH, LOW = 0, 1, 2
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def engine_process():
-    metrics_port = _free_port()
-    process = ServiceProcess("conveyor.engine", {
-        "HF_HUB_OFFLINE": "1",
-        "CONVEYOR_ENGINE_PORT": "0",
-        "CONVEYOR_ENGINE_MAX_MODEL_LEN": "512",
-        "CONVEYOR_ENGINE_KV_CACHE_GIB": "0.05",
-        "CONVEYOR_ENGINE_TORCH_THREADS": "1",
-        "CONVEYOR_ENGINE_MAX_NUM_SEQS": "1",
-        "CONVEYOR_ENGINE_MAX_NUM_WAITING_SEQS": "2",
-        "CONVEYOR_ENGINE_METRICS_PORT": str(metrics_port),
-        "CONVEYOR_ENGINE_REDIS_URL": "",
-    }).start(timeout_s=300)
-    process.metrics_port = metrics_port
+def engine_process(engine_launcher):
+    process = engine_launcher(max_model_len="512", kv_cache_gib="0.05", max_num_seqs="1",
+                              max_num_waiting_seqs="2", redis_url="")
     yield process
     assert process.stop() == 0, process.output()
 

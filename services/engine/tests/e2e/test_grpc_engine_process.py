@@ -5,14 +5,12 @@ the others continue, Info, Stats and Prometheus metrics."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import urllib.request
 
 import grpc
 import pytest
 
 from conveyor.common.grpc_client import open_channel
-from conveyor.common.testing import ServiceProcess
 from conveyor.v1 import engine_pb2, engine_pb2_grpc
 
 pytestmark = pytest.mark.slow
@@ -20,25 +18,9 @@ pytestmark = pytest.mark.slow
 MAX_MODEL_LEN = 512
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def engine_process():
-    metrics_port = _free_port()
-    process = ServiceProcess("conveyor.engine", {
-        "HF_HUB_OFFLINE": "1",
-        "CONVEYOR_ENGINE_PORT": "0",
-        "CONVEYOR_ENGINE_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
-        "CONVEYOR_ENGINE_KV_CACHE_GIB": "0.1",
-        "CONVEYOR_ENGINE_TORCH_THREADS": "1",
-        "CONVEYOR_ENGINE_METRICS_PORT": str(metrics_port),
-        "CONVEYOR_ENGINE_ENGINE_ID": "e2e-engine",
-    }).start(timeout_s=300)
-    process.metrics_port = metrics_port
+def engine_process(engine_launcher):
+    process = engine_launcher(max_model_len=str(MAX_MODEL_LEN), engine_id="e2e-engine")
     yield process
     assert process.stop() == 0, process.output()
 
