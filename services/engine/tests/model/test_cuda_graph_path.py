@@ -125,3 +125,9 @@ def test_runner_replays_decode_steps_through_the_padded_buffers(tiny_runner, mak
     assert replayed and set(replayed) == {8}  # 5 decodes padded to 8, every decode step
     for eager_cache, graphed_cache in zip(eager.kv_caches, graphed.kv_caches, strict=True):
         torch.testing.assert_close(graphed_cache, eager_cache, rtol=1e-5, atol=1e-5)
+
+
+def test_graphs_are_refused_over_the_torch_backend(tiny_runner):
+    runner = tiny_runner(attention_backend="torch")
+    with pytest.raises(ValueError, match="attention_backend triton"):
+        runner.build_decode_graphs(capture=False)

@@ -28,6 +28,8 @@ class ModelRunner:
     for the device at most once: reading the sampled tokens, or (a step where no
     request samples) waiting for the step's input copies only, so the next step may
     refill the pinned host buffers; the step's kernels may still be running then.
+    With `decode_graphs` (GPU, triton, cuda_graphs on), decode steps within the
+    captured sizes replay CUDA graphs over the same input buffers (cuda_graphs.py).
     """
 
     def __init__(self, config: RunnerConfig, eos_token_ids: tuple[int, ...] | None = None,
@@ -95,6 +97,9 @@ class ModelRunner:
     def build_decode_graphs(self, *, capture: bool = True) -> DecodeGraphs:
         """Decode graphs at every size up to the largest batch a step can hold (capture
         False: the same path without graphs, for CPU tests)."""
+        if self.config.backend_name != "triton":
+            raise ValueError("CUDA graphs need attention_backend triton (its plan reads "
+                             "nothing from the device, its store skips padding rows)")
         largest = min(self.config.cuda_graph_max_batch_size, self.config.max_num_seqs,
                       self.config.max_num_batched_tokens)
         return DecodeGraphs(self.inputs, self._forward, capture_sizes(largest), capture=capture)
