@@ -3,6 +3,7 @@ replicas registered in Redis, the stack's engine, and a gateway of their own.
 
 - Calls spread over both replicas of each service; with one replica of each killed
   mid-run, every request still succeeds, and the dead ones stop getting calls.
+- A replica that gets SIGTERM leaves the registry before it exits (not at its TTL).
 - A detok stream whose replica dies mid-generation (SIGKILL: a reset; SIGSTOP: no
   reset, found by keepalive) is rebuilt on the other replica and the client gets
   the exact text, once.
@@ -18,6 +19,7 @@ import uuid
 
 import httpx
 import pytest
+from redis.asyncio import Redis
 
 from conveyor.common.replica_processes import (
     MODEL,
@@ -26,6 +28,7 @@ from conveyor.common.replica_processes import (
     start_all,
     stop_all,
 )
+from conveyor.common.service_registry import ReplicaEntry, ServiceRegistry
 
 pytestmark = pytest.mark.slow
 
@@ -143,3 +146,22 @@ async def test_a_detok_stream_broken_mid_generation_yields_the_exact_text(replic
         assert await asyncio.gather(*streams) == [expected, expected]
     assert "detok stream" in replicas.gateway.output() and "rebuilt on" in \
         replicas.gateway.output()
+
+
+async def test_replicas_leave_the_registry_on_sigterm(stack, log_dir):
+    prefix = f"{stack.redis_prefix}:drain:{uuid.uuid4().hex[:8]}"
+    processes = [replica_process(service, f"{service}-drain", log_dir, stack.redis_url, prefix,
+                                 REGISTRY_TTL_S="600", MAX_MODEL_LEN=MAX_MODEL_LEN)
+                 for service in ("tokenizer", "detok")]
+    start_all(processes)
+    redis = Redis.from_url(stack.redis_url, decode_responses=True)
+    registries = [ServiceRegistry(redis, service=s, entry_type=ReplicaEntry, prefix=prefix)
+                  for s in ("tokenizer", "detok")]
+    try:
+        listed = [[e.address for e in await r.list_live()] for r in registries]
+        assert listed == [[p.address] for p in processes]
+        await asyncio.gather(*(asyncio.to_thread(p.stop) for p in processes))
+        assert [await r.list_live() for r in registries] == [[], []]  # TTL is 600 s
+    finally:
+        stop_all(processes)
+        await redis.aclose()

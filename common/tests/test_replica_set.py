@@ -150,3 +150,19 @@ async def test_no_live_replica_is_unavailable(registry):
         assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
     finally:
         await replicas.close()
+
+
+async def test_the_channel_of_a_replica_that_left_is_closed_after_its_retirement(
+        servers, registry):
+    replicas = ReplicaSet("tokenizer", registry, [], refresh_s=REFRESH_S, retire_after_s=0.3)
+    try:
+        for name in ("a", "b"):
+            await register(registry, servers[name])
+        assert {await info_from(replicas) for _ in range(2)} == {"a", "b"}
+        await registry.deregister(address(servers["a"]))
+
+        async def only_b_open():
+            return replicas.open_addresses == {address(servers["b"])}
+        await wait_until(only_b_open)
+    finally:
+        await replicas.close()

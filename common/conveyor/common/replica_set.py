@@ -40,6 +40,10 @@ FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLIN
 LIST_TIMEOUT_S = 2.0
 """Longest one read of the registry may take (a hung Redis keeps the last list)."""
 
+RETIRE_AFTER_S = 900.0
+"""A channel to a replica that left the registry is closed this long after it left, so
+calls and streams still on it (a draining replica's) end first."""
+
 
 def is_replica_failure(error: grpc.aio.AioRpcError) -> bool:
     """True when `error` says the replica, not the request, failed."""
@@ -72,7 +76,8 @@ class ReplicaSet:
                  static_addresses: Sequence[str], *, refresh_s: float = 1.0,
                  unreachable_for_s: float = DEFAULT_TTL_S, max_attempts: int = 3,
                  keepalive: Keepalive = DEFAULT_KEEPALIVE,
-                 on_pick: Callable[[str], None] | None = None):
+                 on_pick: Callable[[str], None] | None = None,
+                 retire_after_s: float = RETIRE_AFTER_S):
         if refresh_s <= 0 or max_attempts < 1:
             raise ValueError(f"{service} replicas: refresh_s must be > 0 and max_attempts >= 1")
         self.service = service
@@ -87,6 +92,9 @@ class ReplicaSet:
         self._refresher: asyncio.Task[None] | None = None
         self._unreachable_until: dict[str, float] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._left_at: dict[str, float] = {}
+        self._retire_after_s = retire_after_s
+        self._registry_down = False
         self._num_picks = 0
         self._on_pick = on_pick
 
@@ -139,6 +147,12 @@ class ReplicaSet:
                     error.code().name, error.details())
         self.mark_unreachable(address)
 
+    @property
+    def open_addresses(self) -> set[str]:
+        """Replicas with an open channel (live ones, and those that left less than
+        `retire_after_s` ago)."""
+        return set(self._channels)
+
     async def is_serving(self, timeout_s: float) -> bool:
         """True when some live replica reports SERVING."""
         for address in await self.live_addresses():
@@ -180,10 +194,25 @@ class ReplicaSet:
         try:
             entries = await asyncio.wait_for(self._registry.list_live(), LIST_TIMEOUT_S)
         except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("cannot read the %s registry (%s): keeping %s", self.service, exc,
-                        self._addresses)
+            if not self._registry_down:
+                log.warning("cannot read the %s registry (%s): keeping %s until it can be "
+                            "read", self.service, exc, self._addresses)
+            self._registry_down = True
             return
+        self._registry_down = False
         addresses = [e.address for e in entries] or self._static
         if addresses != self._addresses:
             log.info("%s replicas: %s", self.service, ", ".join(addresses) or "none")
         self._addresses = addresses
+        await self._retire_channels()
+
+    async def _retire_channels(self) -> None:
+        """Close the channels of replicas gone from the list for `retire_after_s`."""
+        now = asyncio.get_running_loop().time()
+        live = set(self._addresses)
+        for address in list(self._channels):
+            if address in live:
+                self._left_at.pop(address, None)
+            elif now - self._left_at.setdefault(address, now) >= self._retire_after_s:
+                del self._left_at[address]
+                await self._channels.pop(address).close()
