@@ -93,3 +93,10 @@ def test_settings_reach_the_scheduler_config(monkeypatch, env, max_model_len, ex
         monkeypatch.setenv(f"CONVEYOR_ENGINE_{name}", value)
     config = _scheduler_config(EngineSettings(), _info(max_model_len))
     assert (config.max_num_waiting_seqs, config.max_num_waiting_tokens) == expected
+
+
+def test_the_offline_llm_queues_every_prompt_unless_told_otherwise():
+    from conveyor.engine.llm import UNBOUNDED_WAITING
+
+    config = _scheduler_config(EngineSettings(**UNBOUNDED_WAITING), _info(2048))
+    assert (config.max_num_waiting_seqs, config.max_num_waiting_tokens) == (None, None)

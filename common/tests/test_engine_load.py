@@ -1,0 +1,32 @@
+"""EngineLoad's waiting-queue fields: the fullness test and reading entries of newer engines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conveyor.common.engine_registry import EngineEntry, EngineLoad
+
+
+@pytest.mark.parametrize(("load", "full"), [
+    (EngineLoad(num_waiting=300), False),  # 0: no limit
+    (EngineLoad(num_waiting=7, max_num_waiting_seqs=8), False),
+    (EngineLoad(num_waiting=8, max_num_waiting_seqs=8), True),
+    (EngineLoad(num_waiting_tokens=4095, max_num_waiting_tokens=4096), False),
+    (EngineLoad(num_waiting_tokens=4096, max_num_waiting_tokens=4096), True),
+])
+def test_is_waiting_full(load, full):
+    assert load.is_waiting_full is full
+
+
+def test_an_entry_round_trips_and_unknown_load_fields_are_ignored():
+    load = EngineLoad(1, 2, 0.5, num_free_blocks=3, num_blocks=4, num_waiting_tokens=40,
+                      max_num_waiting_seqs=8, max_num_waiting_tokens=512)
+    entry = EngineEntry("e", "e:50052", "m", load)
+    assert EngineEntry.from_json(entry.to_json()) == entry
+    data = json.loads(entry.to_json())
+    data["load"]["from_a_newer_engine"] = 1
+    del data["load"]["max_num_waiting_tokens"]  # from an older engine
+    read = EngineEntry.from_json(json.dumps(data))
+    assert read.load.max_num_waiting_tokens == 0 and read.load.num_waiting_tokens == 40
