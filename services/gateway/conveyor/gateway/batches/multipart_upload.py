@@ -14,10 +14,13 @@ from python_multipart import MultipartParser
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartState, parse_options_header
 
-from conveyor.common.file_store import FileStore, FileWriter
+from conveyor.common.file_store import FileStore, FileTooLarge, FileWriter
 from conveyor.gateway.errors import bad_request
 
 _MAX_FIELD_BYTES = 64 * 1024
+_MAX_DRAIN_BYTES = 1024 * 1024
+"""After a refusal, how much more of the body is read (and dropped) so the client, still
+sending, reads the 413 instead of a reset connection."""
 
 
 @dataclass(slots=True)
@@ -97,6 +100,10 @@ async def receive_upload(content_type: str, body: AsyncIterator[bytes], store: F
     except FormParserError as error:
         _abort(parts)
         raise bad_request(f"The multipart body could not be parsed: {error}") from error
+    except FileTooLarge:
+        _abort(parts)
+        await _drain(body)
+        raise
     except BaseException:
         _abort(parts)
         raise
@@ -104,6 +111,14 @@ async def receive_upload(content_type: str, body: AsyncIterator[bytes], store: F
         raise bad_request("The form has no `file` field with a file.", "file")
     parts.upload.num_bytes = parts.writer.commit()
     return parts.upload
+
+
+async def _drain(body: AsyncIterator[bytes]) -> None:
+    num_bytes = 0
+    async for chunk in body:
+        num_bytes += len(chunk)
+        if num_bytes > _MAX_DRAIN_BYTES:
+            return
 
 
 def _abort(parts: _Parts) -> None:
