@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 SERVICE = "conveyor.v1.Tokenizer"
 ENV = {**without_torch_env(),  # run as the torch-free container does
        "CONVEYOR_TOKENIZER_PORT": "0", "CONVEYOR_TOKENIZER_MAX_MODEL_LEN": "128",
-       "HF_HUB_OFFLINE": "1", "OTEL_TRACES_EXPORTER": "none"}
+       "HF_HUB_OFFLINE": "1", "OTEL_TRACES_EXPORTER": "none",
+       "CONVEYOR_TOKENIZER_ALLOW_REQUEST_CHAT_TEMPLATE": "true"}
 USER_HI = [pb.ChatMessage(role="user", content="Hi")]
 
 

@@ -104,3 +104,13 @@ def test_property_counts_and_length_rule(service, tokenizer, text, max_tokens):
         return
     assert len(ids) + max_tokens <= MAX_MODEL_LEN
     assert prompt.token_ids == ids and prompt.num_tokens == len(ids)
+
+
+async def test_a_requests_own_chat_template_is_refused_unless_allowed(service, tokenizer):
+    request = ChatRequest([ChatMessage("user", "hi")], chat_template="{{ messages[0].content }}")
+    with pytest.raises(InvalidRequest, match="ALLOW_REQUEST_CHAT_TEMPLATE=true"):
+        await service.render(request)
+    allowing = PromptService(PromptTokenizer(tokenizer), ChatRenderer(tokenizer), "m", 64,
+                             num_workers=1, allow_request_chat_template=True)
+    assert (await allowing.render(request)).prompt_text == "hi"
+    allowing.close()

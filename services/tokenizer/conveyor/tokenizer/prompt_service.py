@@ -32,16 +32,20 @@ class PromptService:
 
     Every method raises InvalidRequest (or ContextLengthExceeded) for bad input. Text
     longer than `max_chars_per_token` x max_model_len characters is refused before it is
-    rendered or tokenized (a 20 MB prompt would take gigabytes and many seconds).
+    rendered or tokenized (a 20 MB prompt would take gigabytes and many seconds). A
+    request's own chat template is refused unless `allow_request_chat_template`: a
+    template of nested loops could hold a worker thread for as long as it likes.
     """
 
     def __init__(self, tokenizer: PromptTokenizer, renderer: ChatRenderer, model: str,
                  max_model_len: int, num_workers: int,
-                 max_chars_per_token: int = DEFAULT_MAX_CHARS_PER_TOKEN):
+                 max_chars_per_token: int = DEFAULT_MAX_CHARS_PER_TOKEN,
+                 allow_request_chat_template: bool = False):
         self._tokenizer = tokenizer
         self._renderer = renderer
         self.info = ServedTokenizer(model, max_model_len, tokenizer.facts)
         self.max_text_chars = max_chars_per_token * max_model_len
+        self.allow_request_chat_template = allow_request_chat_template
         self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="conveyor-tokenize")
 
     async def render(self, request: ChatRequest) -> TokenizedPrompt:
@@ -65,6 +69,10 @@ class PromptService:
 
     def _render(self, request: ChatRequest) -> TokenizedPrompt:
         check_text_length(request.num_chars, self.max_text_chars, "the conversation")
+        if request.chat_template and not self.allow_request_chat_template:
+            raise InvalidRequest(
+                "this server does not render a request's own chat_template (its operator can "
+                "allow it with CONVEYOR_TOKENIZER_ALLOW_REQUEST_CHAT_TEMPLATE=true)")
         text = self._renderer.render(template_arguments(request))
         if not text:
             raise InvalidRequest("the chat template rendered an empty prompt")

@@ -34,6 +34,7 @@ def build_service(settings: TokenizerSettings) -> PromptService:
     return PromptService(
         PromptTokenizer(tokenizer, _eos_ids(config)), ChatRenderer(tokenizer),
         settings.model_name, max_model_len, settings.num_workers, settings.max_chars_per_token,
+        settings.allow_request_chat_template,
     )
 
 

@@ -25,3 +25,7 @@ class TokenizerSettings(ModelSettingsMixin, RegistrationSettings, ServiceSetting
         DEFAULT_MAX_CHARS_PER_TOKEN, ge=1, description="Text longer than this many characters "
         "per max_model_len token is refused (INVALID_ARGUMENT) before it is tokenized."
     )
+    allow_request_chat_template: bool = Field(
+        False, description="Render a request's own chat_template; Jinja's sandbox bounds "
+        "range() but not time, so off (the default) refuses it with INVALID_ARGUMENT."
+    )
