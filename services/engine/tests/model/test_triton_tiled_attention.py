@@ -30,6 +30,7 @@ SHAPES = [
     pytest.param(8, 1, 3, 16, id="bs8-gqa3"),
     pytest.param(4, 2, 4, 64, id="bs4-gqa4-hd64"),
     pytest.param(32, 1, 2, 24, id="bs32-gqa2-hd24"),
+    pytest.param(64, 1, 2, 16, id="bs64-wider-than-a-key-tile"),
 ]
 
 
