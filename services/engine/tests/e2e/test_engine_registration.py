@@ -62,6 +62,8 @@ async def test_registers_with_load_and_drops_out_after_sigkill(redis, prefix):
         [entry] = await registry.list_live("smollm2-135m-instruct")
         assert (entry.engine_id, entry.address) == ("reg-killed", process.address)
         assert entry.load.num_requests == 0 and entry.load.kv_usage == 0.0
+        assert (entry.load.max_num_waiting_seqs, entry.load.max_num_waiting_tokens) == (256, 16384)
+        assert entry.load.num_free_blocks == entry.load.num_blocks > 0
         process.kill()
         assert await _wait_until_gone(registry, timeout_s=TTL_S + 2) <= TTL_S + 1
     finally:
