@@ -74,31 +74,32 @@ class StepInputBuilder:
         starts = self._fill_offsets(query_lens, computed)
         self._fill_tokens(requests, num_tokens)
         max_seq_len = int((computed + query_lens).max(initial=1))
-        width = math.ceil(max_seq_len / self.block_size)
-        if width > self.max_blocks_per_seq:
-            raise ValueError(f"a sequence of {max_seq_len} tokens exceeds max_model_len="
-                             f"{self.max_blocks_per_seq * self.block_size}")
-        self._fill_block_tables(requests, width)
+        width = self._fill_block_tables(requests, max_seq_len)
         sampled = [i for i, r in enumerate(requests) if r.needs_sample]
         self._sample_indices.np[:len(sampled)] = starts[1:][sampled] - 1
         if pad_to is not None:
             self._fill_padding(num_reqs, num_tokens, pad_to)
             num_tokens = num_reqs = pad_to
-        meta = AttentionMetadata(
-            slot_mapping=self._slot_mapping.prefix(num_tokens),
-            positions=self._positions.prefix(num_tokens),
-            token_request=self._token_request.prefix(num_tokens),
-            query_start_loc=self._query_start_loc.prefix(num_reqs + 1),
-            seq_lens=self._seq_lens.prefix(num_reqs),
-            block_tables=self._block_tables.prefix(num_reqs, width),
-            block_size=self.block_size, max_query_len=int(query_lens.max(initial=1)),
-            max_seq_len=max_seq_len)
+        meta = self._metadata(num_tokens, num_reqs, width, int(query_lens.max(initial=1)),
+                              max_seq_len)
         inputs = StepInputs(
             input_ids=self._input_ids.prefix(num_tokens), positions=meta.positions, meta=meta,
             sample_indices=self._sample_indices.prefix(len(sampled)),
             sample_requests=[requests[i] for i in sampled])
         self.fence.record()
         return inputs
+
+    def _metadata(self, num_tokens: int, num_reqs: int, width: int, max_query_len: int,
+                  max_seq_len: int) -> AttentionMetadata:
+        """Device views of the filled prefixes (copied up first on CUDA)."""
+        return AttentionMetadata(
+            slot_mapping=self._slot_mapping.prefix(num_tokens),
+            positions=self._positions.prefix(num_tokens),
+            token_request=self._token_request.prefix(num_tokens),
+            query_start_loc=self._query_start_loc.prefix(num_reqs + 1),
+            seq_lens=self._seq_lens.prefix(num_reqs),
+            block_tables=self._block_tables.prefix(num_reqs, width),
+            block_size=self.block_size, max_query_len=max_query_len, max_seq_len=max_seq_len)
 
     def padding_inputs(self, size: int) -> StepInputs:
         """A decode step of `size` padding rows (what a CUDA graph is captured on): the
@@ -152,10 +153,16 @@ class StepInputBuilder:
         self._slot_mapping.np[:num_tokens] = np.fromiter(
             chain.from_iterable(r.slot_mapping for r in requests), np.int64, num_tokens)
 
-    def _fill_block_tables(self, requests: list[ScheduledRequest], width: int) -> None:
-        """Row i: the first `width` blocks of request i, zero-padded (never read)."""
+    def _fill_block_tables(self, requests: list[ScheduledRequest], max_seq_len: int) -> int:
+        """Row i: the first `width` blocks of request i, zero-padded (never read), width
+        the blocks of the longest sequence; returns width."""
+        width = math.ceil(max_seq_len / self.block_size)
+        if width > self.max_blocks_per_seq:
+            raise ValueError(f"a sequence of {max_seq_len} tokens exceeds max_model_len="
+                             f"{self.max_blocks_per_seq * self.block_size}")
         tables = self._block_tables.np
         for row, r in enumerate(requests):
             blocks = r.block_table[:width]
             tables[row, :len(blocks)] = blocks
             tables[row, len(blocks):width] = 0
+        return width
