@@ -205,6 +205,12 @@ def test_only_the_gpu_overlay_asks_for_nvidia_gpus():
         assert "nvidia.com/gpu" not in str(m.container("gpu", name)["resources"])
 
 
+def test_gpu_engines_roll_without_a_surge_pod():
+    """A surge pod would wait for a spare GPU while maxUnavailable 0 keeps the old one."""
+    rolling = m.find("gpu", "Deployment", "engine")["spec"]["strategy"]["rollingUpdate"]
+    assert rolling == {"maxSurge": 0, "maxUnavailable": 1}
+
+
 @pytest.mark.parametrize("name", CONVEYOR)
 def test_settings_come_from_config_maps_and_the_redis_url_from_a_secret(name):
     main = m.container("cpu", name)
