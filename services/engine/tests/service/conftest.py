@@ -21,6 +21,7 @@ from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SampledToken, SchedulerOutput
 from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.engine_info import EngineInfo
+from conveyor.engine.metrics import EngineMetrics
 from conveyor.engine.servicer import SERVICE_NAME, EngineServicer
 from conveyor.v1 import engine_pb2_grpc
 
@@ -87,9 +88,9 @@ def run_to_completion(core: EngineCore, max_steps: int = 1000):
 
 
 @contextlib.asynccontextmanager
-async def serve_engine(core: EngineCore):
+async def serve_engine(core: EngineCore, metrics: EngineMetrics | None = None):
     """The Engine service over `core` on a free port: (engine, stub) while it runs."""
-    engine = AsyncEngine(core).start()
+    engine = AsyncEngine(core, metrics).start()
     registration = ServiceRegistration(
         SERVICE_NAME, engine_pb2_grpc.add_EngineServicer_to_server, EngineServicer(engine))
     service = await start_grpc_server(ServiceSettings(port=0), [registration])

@@ -11,28 +11,16 @@ import grpc
 import pytest
 
 from conveyor.common.errors import ERROR_REASON_KEY, QUEUE_FULL
-from conveyor.common.grpc_client import open_channel
-from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
-from conveyor.common.settings import ServiceSettings
-from conveyor.engine.async_engine import AsyncEngine
 from conveyor.engine.metrics import EngineMetrics
-from conveyor.engine.servicer import SERVICE_NAME, EngineServicer
-from conveyor.v1 import engine_pb2, engine_pb2_grpc
+from conveyor.v1 import engine_pb2
 
 
 @pytest.fixture
 async def served(support):
     metrics = EngineMetrics("m", "e")
     core = support.make_core(max_model_len=64, max_num_seqs=1, max_num_waiting_seqs=1)
-    engine = AsyncEngine(core, metrics).start()
-    registration = ServiceRegistration(
-        SERVICE_NAME, engine_pb2_grpc.add_EngineServicer_to_server, EngineServicer(engine))
-    service = await start_grpc_server(ServiceSettings(port=0), [registration])
-    channel = open_channel(f"127.0.0.1:{service.port}")
-    yield engine, engine_pb2_grpc.EngineStub(channel), metrics
-    await channel.close()
-    await service.server.stop(grace=None)
-    engine.shutdown()
+    async with support.serve_engine(core, metrics) as (engine, stub):
+        yield engine, stub, metrics
 
 
 def _generate(request_id, prompt, priority=0, max_tokens=4):
