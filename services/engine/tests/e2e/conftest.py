@@ -14,7 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from conveyor.common.grpc_client import open_channel
 from conveyor.common.testing import ServiceProcess
+from conveyor.v1 import engine_pb2_grpc
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -137,3 +139,11 @@ def start_engine(**settings: str) -> ServiceProcess:
 def engine_launcher():
     """`start_engine` (module fixtures start their own engine process with it)."""
     return start_engine
+
+
+@pytest.fixture
+async def stub(engine_process):
+    """An Engine stub on a fresh channel to the module's `engine_process` fixture."""
+    channel = open_channel(engine_process.address)
+    yield engine_pb2_grpc.EngineStub(channel)
+    await channel.close()

@@ -12,8 +12,7 @@ import grpc
 import pytest
 
 from conveyor.common.errors import ERROR_REASON_KEY, QUEUE_FULL
-from conveyor.common.grpc_client import open_channel
-from conveyor.v1 import engine_pb2, engine_pb2_grpc
+from conveyor.v1 import engine_pb2
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +27,6 @@ def engine_process(engine_launcher):
                               max_num_waiting_seqs="2", redis_url="")
     yield process
     assert process.stop() == 0, process.output()
-
-
-@pytest.fixture
-async def stub(engine_process):
-    channel = open_channel(engine_process.address)
-    yield engine_pb2_grpc.EngineStub(channel)
-    await channel.close()
 
 
 def _request(request_id, prompt, priority, max_tokens=4, **sampling):

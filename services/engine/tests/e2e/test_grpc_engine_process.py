@@ -10,8 +10,7 @@ import urllib.request
 import grpc
 import pytest
 
-from conveyor.common.grpc_client import open_channel
-from conveyor.v1 import engine_pb2, engine_pb2_grpc
+from conveyor.v1 import engine_pb2
 
 pytestmark = pytest.mark.slow
 
@@ -23,13 +22,6 @@ def engine_process(engine_launcher):
     process = engine_launcher(max_model_len=str(MAX_MODEL_LEN), engine_id="e2e-engine")
     yield process
     assert process.stop() == 0, process.output()
-
-
-@pytest.fixture
-async def stub(engine_process):
-    channel = open_channel(engine_process.address)
-    yield engine_pb2_grpc.EngineStub(channel)
-    await channel.close()
 
 
 def _request(request_id, prompt, max_tokens=12, **sampling):
