@@ -13,7 +13,7 @@ import logging
 from redis.exceptions import RedisError
 from starlette.responses import JSONResponse
 
-from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED
+from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, QUEUE_FULL
 from conveyor.gateway.routing.router import NoEngineAvailable
 from conveyor.gateway.tenancy.errors import TenancyError
 from conveyor.gateway.upstream_error import UpstreamError
@@ -117,6 +117,9 @@ def _from_upstream(error: UpstreamError, prompt_param: str | None,
                    retry_after_s: int) -> APIError:
     if error.reason == CONTEXT_LENGTH_EXCEEDED:
         return context_length_exceeded(error.message, prompt_param)
+    if error.reason == QUEUE_FULL:
+        return unavailable(f"the engines are at capacity ({error.message}); retry later",
+                           retry_after_s, "engine_overloaded")
     if error.code in _BAD_INPUT_CODES:
         return bad_request(error.message)
     if error.code in _BUSY_CODES or error.code == "DEADLINE_EXCEEDED":

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from redis.exceptions import RedisError
 
 from conveyor.common.engine_registry import EngineEntry
+from conveyor.common.errors import QUEUE_FULL
 from conveyor.common.log import request_id_var
 from conveyor.gateway.api_models import ChatCompletionRequest, CompletionRequest
 from conveyor.gateway.engine_records import GenerateJob
@@ -188,7 +189,7 @@ class GenerationRequest:
         self._admission = pipeline.admitter.admission(self.tenant, num_prompt_tokens,
                                                       sum(self._max_tokens) * body.n)
         self._stack.push_async_callback(self._settle)
-        await self._step(self._admission.reserve())
+        await self._step(self._reserve())
         self.response_headers.update(self._admission.rate_limit_headers)
         self._timeline.mark(Stage.ADMITTED, num_prompt_tokens=num_prompt_tokens)
         await self._step(self._save_timeline())
@@ -197,27 +198,39 @@ class GenerationRequest:
 
     async def start(self) -> tuple[int, GenerationDelta]:
         """Route, open every choice, and return the first delta, so that a failure before
-        any output is an HTTP error, not a broken stream. An engine that cannot be
-        reached is left out for a while and the request goes to another one (once)."""
-        engine = await self._pick()
-        try:
-            return await self._open_choices(engine)
-        except UpstreamError as error:
-            if error.service != "engine" or error.code != "UNAVAILABLE":
-                raise
-            log.warning("engine %s (%s) unreachable, routing around it: %s",
-                        engine.engine_id, engine.address, error.message)
-            self.pipeline.directory.mark_unreachable(engine.engine_id)
-        await self._choices.close()
-        self._choices = ChoiceStreams()
-        return await self._open_choices(await self._pick())
+        any output is an HTTP error, not a broken stream. An engine that cannot be reached
+        (left out for a while) or whose waiting queue is full is replaced by another one,
+        up to max_engine_attempts engines; then the last refusal is the answer (503)."""
+        tried: list[str] = []
+        while True:
+            engine = await self._pick(tried)
+            try:
+                return await self._open_choices(engine)
+            except UpstreamError as error:
+                if not _another_engine_may_serve(error) or \
+                        len(tried) + 1 >= self.pipeline.settings.max_engine_attempts:
+                    raise
+                log.warning("engine %s (%s) refused the request, trying another: %s",
+                            engine.engine_id, engine.address, error.message)
+                if error.code == "UNAVAILABLE":
+                    self.pipeline.directory.mark_unreachable(engine.engine_id)
+                tried.append(engine.engine_id)
+                last_error = error
+            await self._choices.close()
+            self._choices = ChoiceStreams()
+            if not await self._has_other_engine(tried):
+                raise last_error
 
-    async def _pick(self) -> EngineEntry:
+    async def _pick(self, tried: list[str]) -> EngineEntry:
         engine = await self._step(self.pipeline.router.pick(
             self.session_key, self._prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
-            model=self.model.backend_name))
+            model=self.model.backend_name, exclude=tried))
         self.response_headers[ENGINE_HEADER] = engine.engine_id
         return engine
+
+    async def _has_other_engine(self, tried: list[str]) -> bool:
+        live = await self._step(self.pipeline.directory.list_live(self.model.backend_name))
+        return any(e.engine_id not in tried for e in live)
 
     async def _open_choices(self, engine: EngineEntry) -> tuple[int, GenerationDelta]:
         """One choice per (prompt, sample); choice index = prompt index * n + sample."""
@@ -271,6 +284,16 @@ class GenerationRequest:
         self.check()
         return result
 
+    async def _reserve(self) -> None:
+        """Reserve the quota; while Redis is unavailable, refuse (503) unless the
+        quota_fail_open setting serves the request unmetered."""
+        try:
+            await self._admission.reserve()
+        except RedisError as error:
+            if not self.pipeline.settings.quota_fail_open:
+                raise
+            log.warning("Redis unavailable, serving without a quota check: %s", error)
+
     async def _settle(self) -> None:
         """Return what the request did not use; all of it when it produced nothing."""
         usage = self.usage if self.usage and self.usage.num_tokens_seen else None
@@ -306,6 +329,12 @@ class _Spent:
     """What a request is charged for its output (TenantAdmission.settle's argument)."""
 
     completion_tokens: int
+
+
+def _another_engine_may_serve(error: UpstreamError) -> bool:
+    """The engine could not be reached, or shed the request (waiting queue full)."""
+    return error.service == "engine" and (
+        error.code == "UNAVAILABLE" or error.reason == QUEUE_FULL)
 
 
 def _alive() -> None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import grpc
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from conveyor.common.engine_registry import EngineRegistry
 from conveyor.gateway.detok_client import DetokClient
@@ -55,7 +57,10 @@ class Pipeline:
     @classmethod
     def connect(cls, settings: GatewaySettings) -> Pipeline:
         """Open one channel per service and one Redis client (all lazily connected)."""
-        redis = Redis.from_url(settings.redis_url, decode_responses=True)
+        redis = Redis.from_url(settings.redis_url, decode_responses=True,
+                               socket_timeout=settings.redis_timeout_s,
+                               socket_connect_timeout=settings.redis_timeout_s,
+                               retry=Retry(NoBackoff(), 1))
         metrics = GatewayMetrics()
         tokenizer = TokenizerClient(replica_set("tokenizer", settings.tokenizer_address,
                                                 settings, redis, metrics), settings.rpc_timeout_s)

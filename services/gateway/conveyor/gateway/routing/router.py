@@ -39,12 +39,13 @@ import asyncio
 import hashlib
 import logging
 from array import array
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import grpc
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from conveyor.common.engine_registry import (
     DEFAULT_TTL_S,
@@ -237,11 +238,18 @@ class EngineDirectory:
         self._static = static
         self._unreachable_for_s = unreachable_for_s
         self._unreachable_until: dict[str, float] = {}
+        self._last_listed: dict[str | None, list[EngineEntry]] = {}
 
     async def list_live(self, model: str | None = None) -> list[EngineEntry]:
         """Registered engines, or the static ones when none registered; minus those
-        marked unreachable."""
-        entries = await self._registry.list_live(model)
+        marked unreachable. While Redis is unavailable: the engines it listed last (their
+        loads as they were), else the static ones."""
+        try:
+            entries = self._last_listed[model] = await self._registry.list_live(model)
+        except RedisError as error:
+            log.warning("engine registry unavailable, routing with what it listed last: %s",
+                        error)
+            entries = self._last_listed.get(model, [])
         if not entries and self._static is not None:
             entries = await self._static.list_live(model)
         return [e for e in entries if not self._is_unreachable(e.engine_id)]
@@ -330,15 +338,24 @@ class LoadPolicy:
     """A soft preference (a prefix hint) yields once its engine has this many more
     requests than the least loaded engine."""
 
+    def is_full(self, engine: EngineEntry) -> bool:
+        """At the engine's own waiting bound (max_num_waiting_seqs/_tokens): it would
+        shed the next request of its lowest priority. The one notion of "full"."""
+        return engine.load.is_waiting_full
+
     def is_overloaded(self, engine: EngineEntry) -> bool:
-        return engine.load.num_waiting > self.max_waiting or \
+        """Full, or busy: more waiting than max_waiting (the gateway's softer bound,
+        past which sessions and hints move to an engine that is not), or its KV nearly
+        all in use."""
+        return self.is_full(engine) or engine.load.num_waiting > self.max_waiting or \
             engine.load.kv_usage > self.max_kv_usage
 
     def least_loaded(self, engines: Iterable[EngineEntry]) -> EngineEntry:
         """The engine with the fewest requests (then least KV in use), preferring
-        engines that are not overloaded; ties go to the smaller engine id."""
-        return min(engines, key=lambda e: (self.is_overloaded(e), e.load.num_requests,
-                                           e.load.kv_usage, e.engine_id))
+        engines that are not full, then not overloaded; ties go to the smaller id."""
+        return min(engines, key=lambda e: (self.is_full(e), self.is_overloaded(e),
+                                           e.load.num_requests, e.load.kv_usage,
+                                           e.engine_id))
 
     def is_much_busier(self, engine: EngineEntry, least: EngineEntry) -> bool:
         return engine.load.num_requests - least.load.num_requests > self.max_imbalance
@@ -401,20 +418,27 @@ class Router:
         )
 
     async def pick(self, session_key: str | None, prompt_token_ids: Sequence[int], *,
-                   cache_salt: str = "", model: str | None = None) -> EngineEntry:
+                   cache_salt: str = "", model: str | None = None,
+                   exclude: Collection[str] = ()) -> EngineEntry:
         """The engine for this request; NoEngineAvailable when none serving `model` (else
         the router's own model, else any) is live. `cache_salt` is the tenant's
-        prefix-cache salt (hints never cross salts)."""
+        prefix-cache salt (hints never cross salts); engines in `exclude` (ids this
+        request already tried) are not candidates."""
         model = model or self._model
-        engines = {e.engine_id: e for e in await self._registry.list_live(model)}
+        engines = {e.engine_id: e for e in await self._registry.list_live(model)
+                   if e.engine_id not in exclude}
         if not engines:
             serving = f" serving {model!r}" if model else ""
             raise NoEngineAvailable(f"no live engine{serving} (engines register in Redis; is "
                                     "one running against the same Redis and prefix?)")
-        if session_key:
-            return await self._pick_for_session(session_key, prompt_token_ids, cache_salt,
-                                                engines)
-        return await self._pick_by_prefix(prompt_token_ids, cache_salt, engines)
+        try:
+            if session_key:
+                return await self._pick_for_session(session_key, prompt_token_ids, cache_salt,
+                                                    engines)
+            return await self._pick_by_prefix(prompt_token_ids, cache_salt, engines)
+        except RedisError as error:  # bindings and hints are preferences: do without them
+            log.warning("session bindings unavailable, routing by load: %s", error)
+            return self._policy.least_loaded(engines.values())
 
     async def _pick_for_session(self, session_key: str, token_ids: Sequence[int],
                                 cache_salt: str, engines: Engines) -> EngineEntry:

@@ -24,7 +24,12 @@ class RoutingSettings(BaseSettings):
     prefix_hint_blocks: int = Field(4, ge=0, description="Leading full blocks of a prompt that "
                                     "are hinted (0 turns prefix hints off).")
     max_waiting: int = Field(8, ge=0, description="An engine with more waiting requests is "
-                             "overloaded: sessions move off it when another engine is not.")
+                             "busy: sessions and hints move off it when another engine is not "
+                             "(an engine at its own CONVEYOR_ENGINE_MAX_NUM_WAITING_* bound is "
+                             "full and is picked last).")
+    max_engine_attempts: int = Field(3, ge=1, description="Engines a request tries before any "
+                                     "output when one is unreachable or its waiting queue is "
+                                     "full; then 503 with Retry-After.")
     max_kv_usage: float = Field(0.95, gt=0, le=1, description="An engine using more of its KV "
                                 "cache (0-1) is overloaded.")
     max_imbalance: int = Field(8, ge=0, description="A prefix hint is ignored when its engine "

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from conveyor.common.engine_registry import require_decoded_responses
 from conveyor.gateway.tenancy.errors import (
@@ -35,6 +36,7 @@ from conveyor.gateway.tenancy.tiers import Tier
 
 KEY_PREFIX = "cvy-"
 _KEY_ID_HEX_DIGITS = 16
+_MAX_LAST_KNOWN = 100_000
 
 
 def key_digest(key: str) -> str:
@@ -78,6 +80,8 @@ class ApiKeyStore:
         require_decoded_responses(redis)
         self._redis = redis
         self._tiers = tiers
+        self._last_known: dict[str, Tenant] = {}
+        """digest -> tenant of keys seen valid, for authenticating while Redis is down."""
         self._prefix = prefix
 
     async def create(self, tenant_id: str, tier: str) -> CreatedApiKey:
@@ -117,15 +121,26 @@ class ApiKeyStore:
         return bool(deleted)
 
     async def authenticate(self, key: str) -> Tenant:
-        """The tenant of `key`; InvalidApiKey if it is unknown or revoked."""
+        """The tenant of `key`; InvalidApiKey if it is unknown or revoked. While Redis
+        cannot be reached, a key this gateway saw valid before still passes (a key revoked
+        during the outage keeps working until Redis is back); others raise RedisError."""
         digest = key_digest(key)
-        row = await self._redis.hgetall(self._record_key(digest[:_KEY_ID_HEX_DIGITS]))
+        try:
+            row = await self._redis.hgetall(self._record_key(digest[:_KEY_ID_HEX_DIGITS]))
+        except RedisError:
+            if digest not in self._last_known:
+                raise
+            return self._last_known[digest]
         if not row or not hmac.compare_digest(row["digest"], digest):
+            self._last_known.pop(digest, None)
             raise InvalidApiKey(key)
         tier = self._tiers.get(row["tier"])
         if tier is None:
             raise TierNotConfigured(row["tier"])
-        return Tenant(row["tenant"], tier, key_id=digest[:_KEY_ID_HEX_DIGITS])
+        tenant = Tenant(row["tenant"], tier, key_id=digest[:_KEY_ID_HEX_DIGITS])
+        if len(self._last_known) < _MAX_LAST_KNOWN or digest in self._last_known:
+            self._last_known[digest] = tenant
+        return tenant
 
     @property
     def _index_key(self) -> str:

@@ -22,6 +22,10 @@ class TenancySettings(BaseSettings):
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis for keys, quotas, "
                            "routing and timelines; every gateway replica uses the same one.")
     redis_prefix: str = Field("conveyor", description="Prefix of every Redis key Conveyor writes.")
+    redis_timeout_s: float = Field(2.0, gt=0, description="Longest one Redis call may take "
+                                   "(connect or answer); past it Redis counts as unavailable.")
+    quota_fail_open: bool = Field(False, description="While Redis is unavailable, serve requests "
+                                  "without quota checks (default: refuse them with 503).")
     auth_enabled: bool = Field(True, description="Require an API key (Authorization: Bearer). "
                                "Off: every request is the anonymous tenant (local use only).")
     anonymous_tier: str = Field("unlimited", description="Tier of the anonymous tenant when "
