@@ -9,6 +9,8 @@ on), the real Redis, and real Celery worker processes (`python -m conveyor.batch
 - SIGTERM mid-batch: the worker finishes its lines in flight, hands the rest back and
   exits at once; another worker completes the batch, every line once.
 - `python -m conveyor.batch run` submits, follows and downloads; `status` reads a batch.
+- On an engine with 2 seats held by batch lines and more queued, an interactive request
+  goes first: it is done before any queued batch line ran.
 - Cancel mid-batch: cancelling -> cancelled, finished lines kept, the KV pool whole.
 - Bad uploads, bad batch requests and bad lines get their documented errors; a batch
   whose every line fails is completed with an empty output file.
@@ -74,13 +76,14 @@ def keys(stack, gateway) -> dict[str, str]:
 
 @pytest.fixture
 def worker(stack, gateway, files_dir, log_dir):
-    """`worker()` starts a batch worker process (stopped at the test's end)."""
+    """`worker()` starts a batch worker process (stopped at the test's end) sending its
+    lines to the module's gateway, or to `worker(other_gateway)`."""
     started: list[ServiceProcess] = []
 
-    def start() -> ServiceProcess:
+    def start(to_gateway: ServiceProcess = gateway) -> ServiceProcess:
         env = {"CONVEYOR_BATCH_REDIS_URL": stack.redis_url,
                "CONVEYOR_BATCH_REDIS_PREFIX": stack.redis_prefix,
-               "CONVEYOR_BATCH_GATEWAY_URL": f"http://127.0.0.1:{gateway.port}",
+               "CONVEYOR_BATCH_GATEWAY_URL": f"http://127.0.0.1:{to_gateway.port}",
                "CONVEYOR_BATCH_GATEWAY_TOKEN": TOKEN, "CONVEYOR_BATCH_FILES_DIR": str(files_dir),
                "CONVEYOR_BATCH_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
                "CONVEYOR_BATCH_CHUNK_SIZE": "16", "CONVEYOR_BATCH_POLL_INTERVAL_S": "0.2",
@@ -248,6 +251,34 @@ def test_cli_runs_a_file_to_its_output(gateway, keys, worker, tmp_path):
     status = subprocess.run([*command, "status", batch_id], env=env, capture_output=True,
                             text=True, timeout=60)
     assert json.loads(status.stdout)["status"] == "completed"
+
+
+async def test_interactive_requests_go_before_batch_lines(launch, files_dir, keys, worker):
+    from conveyor.common.grpc_client import open_channel
+    from conveyor.gateway.routing.router import EngineClient
+
+    [engine] = launch.engines("engine-batch-2-seats", MAX_NUM_SEQS="2")
+    gateway = launch.gateway("gateway-batch-2-seats", CONVEYOR_GATEWAY_AUTH_ENABLED="true",
+                             CONVEYOR_GATEWAY_ENGINE_ADDRESSES=engine.address,
+                             CONVEYOR_GATEWAY_BATCH_TOKEN=TOKEN,
+                             CONVEYOR_GATEWAY_FILES_DIR=str(files_dir))
+    client = client_of(gateway, keys["a"])
+    worker(gateway)  # 8 lines in flight: 2 run, 6 wait
+    lines = [chat_line(f"long-{i}", f"Tell story {i}.", 48, ignore_eos=True) for i in range(12)]
+    batch = submit(client, lines)
+    channel = open_channel(engine.address)
+    stats = EngineClient(engine.address, channel, rpc_timeout_s=5).stats
+    deadline = time.monotonic() + 120
+    while (s := await stats()).num_running < 2 or s.num_waiting < 4:
+        assert time.monotonic() < deadline, s
+        await asyncio.sleep(0.02)
+    reply = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0,
+                                           messages=[{"role": "user", "content": "Hi"}])
+    assert reply.choices[0].finish_reason == "length"
+    assert client.batches.retrieve(batch.id).request_counts.completed <= 2
+    await channel.close()
+    client.batches.cancel(batch.id)
+    assert wait_for(client, batch.id, finished, timeout_s=120).status == "cancelled"
 
 
 async def test_cancel_mid_batch_keeps_finished_lines_and_frees_the_pool(gateway, keys, worker,
