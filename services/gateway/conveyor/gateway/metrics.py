@@ -64,6 +64,10 @@ class GatewayMetrics:
     def start(self, endpoint: str) -> RequestRecord:
         return RequestRecord(self, endpoint)
 
+    def count_replica_call(self, service: str, address: str) -> None:
+        """One call or stream sent to a tokenizer or detok replica (ReplicaSet's on_pick)."""
+        self.replica_calls.labels(service, address).inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -4,6 +4,8 @@ configured addresses while none registered, and the gateway's keepalive."""
 
 from __future__ import annotations
 
+import functools
+
 from redis.asyncio import Redis
 
 from conveyor.common.grpc_client import Keepalive
@@ -24,4 +26,4 @@ def replica_set(service: str, static_addresses: str, settings: GatewaySettings,
         service, registry, [a.strip() for a in static_addresses.split(",") if a.strip()],
         refresh_s=settings.replica_refresh_s, max_attempts=settings.replica_max_attempts,
         keepalive=Keepalive(settings.keepalive_time_s, settings.keepalive_timeout_s),
-        on_pick=lambda address: metrics.replica_calls.labels(service, address).inc())
+        on_pick=functools.partial(metrics.count_replica_call, service))
