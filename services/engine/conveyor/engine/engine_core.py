@@ -96,6 +96,7 @@ class EngineCore:
             params = dataclasses.replace(params, n=1, seed=seed)
         scheduled = Request(request_id, list(request.prompt_token_ids), params,
                             priority=request.priority, cache_salt=request.cache_salt,
+                            output_token_ids=list(request.output_token_ids),
                             exempt_from_bounds=index > 0)
         return TrackedRequest(scheduled, request.request_id, index,
                               RequestTiming(request.arrival_time))

@@ -24,6 +24,8 @@ class EngineRequest:
     cache_salt: str | None = None
     """Mixed into prefix-cache hashes; requests with different salts share no blocks."""
     arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    """Output already produced elsewhere (a moved stream): continued after, never sent."""
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -43,6 +43,24 @@ def validate_request(request: EngineRequest, info: EngineInfo) -> None:
         raise InvalidRequestError(f"logit_bias token id {bad} is out of range for the "
                                   f"vocabulary of {info.vocab_size}")
     _check_sampling(request, info)
+    _check_resumed_output(request, info)
+
+
+def _check_resumed_output(request: EngineRequest, info: EngineInfo) -> None:
+    """Output produced elsewhere: in the vocabulary, short of max_tokens, one sample."""
+    produced = request.output_token_ids
+    if not produced:
+        return
+    bad = next((t for t in produced if not 0 <= t < info.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(f"resume_output_token_ids token id {bad} is out of range for "
+                                  f"the vocabulary of {info.vocab_size}")
+    params = request.sampling_params
+    if len(produced) >= params.max_tokens:
+        raise InvalidRequestError(f"{len(produced)} resume_output_token_ids already reach "
+                                  f"max_tokens {params.max_tokens}: nothing is left to generate")
+    if params.n != 1:
+        raise InvalidRequestError("resume_output_token_ids needs n = 1")
 
 
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",

@@ -97,6 +97,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             sampling_params=to_sampling_params(request.sampling, self._room_after(prompt)),
             priority=request.priority,
             cache_salt=request.cache_salt or None,
+            output_token_ids=list(request.resume_output_token_ids),
         )
         validate_request(engine_request, self.engine.info)
         return engine_request

@@ -46,6 +46,7 @@ def generate_request(job: GenerateJob) -> engine_pb2.GenerateRequest:
         sampling=sampling_params(job.sampling),
         priority=job.priority,
         cache_salt=job.cache_salt,
+        resume_output_token_ids=job.resume_output_token_ids,
     )
 
 

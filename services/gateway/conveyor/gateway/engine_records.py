@@ -36,6 +36,8 @@ class GenerateJob:
     sampling: SamplingOptions
     priority: int = 0
     cache_salt: str = ""
+    resume_output_token_ids: list[int] = field(default_factory=list)
+    """Output an earlier engine produced (a moved stream); the engine continues after it."""
 
 
 class FinishReason(Enum):

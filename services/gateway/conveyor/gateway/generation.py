@@ -11,6 +11,8 @@ the request that opened the choice registers it for closing when it opens it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from conveyor.gateway.detok_client import DetokClient, DetokStream
@@ -51,6 +53,10 @@ class _Progress:
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None
 
+    @property
+    def num_produced(self) -> int:
+        return len(self.token_ids)
+
     def record(self, chunk: EngineChunk) -> None:
         self.token_ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
@@ -86,18 +92,34 @@ class _Progress:
         return self.token_ids[start:end], self.logprobs[start:end]
 
 
+Move = Callable[[str, UpstreamError | EngineAborted],
+                Awaitable[tuple[str, EngineClient] | None]]
+"""Where a choice whose engine (by id) failed mid-stream goes on: another engine's id
+and client, or None when it may not move (GenerationRequest decides and records it)."""
+
+
 class ChoiceStream:
     """One running generation. Opening it starts the engine and detok streams and the
-    reader; `next_delta()` returns the next delta, None once the choice is over."""
+    reader; `next_delta()` returns the next delta, None once the choice is over.
 
-    def __init__(self, engine: EngineClient, detok: DetokClient, job: GenerateJob,
-                 detok_options: DetokOptions):
+    When the engine stream breaks (the engine died, drained past its timeout, or its
+    node went away: UNAVAILABLE, a server-side CANCELLED, or an abort) the reader asks
+    `move` for another engine and resubmits there with the tokens produced so far as
+    output already produced (resume_output_token_ids), not as prompt: the same sampling
+    settings and budget, penalties and logprob positions as they were. Detok already
+    has those tokens, so the client's text goes on with no gap and nothing repeated.
+    """
+
+    def __init__(self, engine: EngineClient, engine_id: str, detok: DetokClient,
+                 job: GenerateJob, detok_options: DetokOptions, move: Move | None = None):
         self.progress = _Progress(TokenUsage(prompt_tokens=len(job.prompt_token_ids)))
+        self.engine_id = engine_id
+        self._job = job
+        self._move = move
         self._detok = detok.open(detok_options)
         self._engine = engine.generate(job)
         self._replies = aiter(self._detok.replies())
-        self._reader = asyncio.create_task(_read_engine(self._engine, self._detok,
-                                                        self.progress))
+        self._reader = asyncio.create_task(self._read_engine())
         self._reader.add_done_callback(_retrieve_exception)
         self._over = False
 
@@ -139,21 +161,57 @@ class ChoiceStream:
             raise
 
 
-async def _read_engine(engine_stream: EngineStream, detok_stream: DetokStream,
-                       progress: _Progress) -> None:
-    """Feed the engine's tokens to detok; on the engine's finish, let detok flush."""
+    async def _read_engine(self) -> None:
+        """Feed the engine's tokens to detok (moving to another engine when it fails);
+        on the engine's finish, let detok flush."""
+        try:
+            while (failure := await _forward(self._engine, self._detok, self.progress)):
+                if self.progress.num_produced >= self._job.sampling.max_tokens:
+                    self.progress.finish_reason = FinishReason.LENGTH  # only the finish lost
+                    break
+                self._engine = await self._moved(failure)
+            _check_finished(self.progress.finish_reason)
+            self._detok.finish()
+        except BaseException:
+            self._detok.cancel()  # wakes the request's task, which then raises this error
+            raise
+
+    async def _moved(self, failure: UpstreamError | EngineAborted) -> EngineStream:
+        """The generation resubmitted on another engine; else the failure, raised."""
+        target = None
+        if self._move is not None and _is_engine_failure(failure):
+            target = await self._move(self.engine_id, failure)
+        if target is None:
+            raise failure
+        self.engine_id, client = target
+        return client.generate(dataclasses.replace(
+            self._job, resume_output_token_ids=list(self.progress.token_ids)))
+
+
+async def _forward(engine_stream: EngineStream, detok_stream: DetokStream,
+                   progress: _Progress) -> UpstreamError | EngineAborted | None:
+    """Forward chunks until the engine finishes or detok ends the stream at a stop
+    string (None), or the engine stream breaks (why it broke)."""
     try:
         async for chunk in engine_stream:
             progress.record(chunk)
             if chunk.token_ids and not detok_stream.send_tokens(chunk.token_ids):
-                return  # detok ended the stream: a stop string matched
+                return None  # detok ended the stream: a stop string matched
             if chunk.finish_reason is not None:
                 break
-        _check_finished(progress.finish_reason)
-        detok_stream.finish()
-    except BaseException:
-        detok_stream.cancel()  # wakes the request's task, which then raises this error
-        raise
+    except UpstreamError as error:
+        return error
+    if progress.finish_reason is FinishReason.ABORT:  # e.g. the engine is draining
+        progress.finish_reason = None
+        return EngineAborted("the engine aborted the request")
+    return None
+
+
+def _is_engine_failure(error: UpstreamError | EngineAborted) -> bool:
+    """The engine went away mid-stream, not the request being wrong."""
+    if isinstance(error, EngineAborted):
+        return True
+    return error.service == "engine" and error.code in ("UNAVAILABLE", "CANCELLED")
 
 
 def _check_finished(reason: FinishReason | None) -> None:

@@ -59,9 +59,9 @@ from conveyor.gateway.request_mapping import (
     sampling_options,
 )
 from conveyor.gateway.response_formats import ChatFormat, CompletionFormat, ResponseFormat
-from conveyor.gateway.tenancy.priority import engine_priority
-from conveyor.gateway.tenancy.tenant import Tenant
-from conveyor.gateway.tenancy.tenant_admitter import TenantAdmission
+from conveyor.gateway.routing.router import EngineClient, NoEngineAvailable
+from conveyor.gateway.tenancy.admission import TenantAdmission, engine_priority
+from conveyor.gateway.tenancy.api_keys import Tenant
 from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft
 from conveyor.gateway.tokenizer_records import PromptInput, PromptTokens
 from conveyor.gateway.upstream_error import UpstreamError
@@ -141,6 +141,7 @@ class GenerationRequest:
         self._timeline = TimelineDraft(pipeline.timelines, self.request_id)
         self._admission: TenantAdmission | None = None
         self._choices = ChoiceStreams()
+        self._num_moves = 0
         self._stack = AsyncExitStack()
 
     async def __aenter__(self) -> GenerationRequest:
@@ -244,8 +245,9 @@ class GenerationRequest:
                 job = GenerateJob(choice_id, prompt.token_ids,
                                   sampling_options(body, max_tokens, sample),
                                   self._priority, self.tenant.cache_salt)
-                self._choices.add(ChoiceStream(client, pipeline.detok, job,
-                                               detok_options(body, choice_id, prompt)))
+                self._choices.add(ChoiceStream(client, engine.engine_id, pipeline.detok, job,
+                                               detok_options(body, choice_id, prompt),
+                                               self._move_choice))
         self._timeline.mark(Stage.QUEUED, engine_id=engine.engine_id)
         describe_generation(self.kind.name, self.model.name, body.requested_max_tokens,
                             self.request_id)
@@ -256,6 +258,30 @@ class GenerationRequest:
         self._record.first_token()
         self._timeline.mark(Stage.FIRST_TOKEN)
         return first
+
+    async def _move_choice(self, failed_engine_id: str,
+                           failure: Exception) -> tuple[str, EngineClient] | None:
+        """Another live engine for a choice whose engine failed mid-stream, while the
+        request has moves left (max_stream_moves); None otherwise (the failure stands)."""
+        settings = self.pipeline.settings
+        if self._num_moves >= settings.max_stream_moves:
+            return None
+        if getattr(failure, "code", None) == "UNAVAILABLE":
+            self.pipeline.directory.mark_unreachable(failed_engine_id)
+        try:
+            engine = await self.pipeline.router.pick(
+                self.session_key, self._prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
+                model=self.model.backend_name, exclude=[failed_engine_id])
+        except (NoEngineAvailable, RedisError) as error:
+            log.warning("engine %s failed mid-stream and no other can take over: %s",
+                        failed_engine_id, error)
+            return None
+        self._num_moves += 1
+        log.warning("engine %s failed mid-stream (%s); the generation moves to %s",
+                    failed_engine_id, failure, engine.engine_id)
+        self._timeline.record(num_moves=self._num_moves, engine_id=engine.engine_id)
+        self.response_headers[ENGINE_HEADER] = engine.engine_id  # if not sent yet
+        return engine.engine_id, self.pipeline.engines.client(engine.address)
 
     # -- stage 3: generate --------------------------------------------------------------
 

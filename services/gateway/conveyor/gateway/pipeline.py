@@ -11,6 +11,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from conveyor.common.engine_registry import EngineRegistry
+from conveyor.common.grpc_client import Keepalive
 from conveyor.gateway.detok_client import DetokClient
 from conveyor.gateway.metrics import GatewayMetrics
 from conveyor.gateway.model_catalog import ModelCatalog
@@ -23,7 +24,7 @@ from conveyor.gateway.routing.router import (
     StaticEngines,
 )
 from conveyor.gateway.settings import GatewaySettings
-from conveyor.gateway.tenancy.tenant_admitter import TenantAdmitter
+from conveyor.gateway.tenancy.admission import TenantAdmitter
 from conveyor.gateway.tenancy.timeline import TimelineStore
 from conveyor.gateway.token_texts import TokenTexts
 from conveyor.gateway.tokenizer_client import TokenizerClient
@@ -64,7 +65,8 @@ class Pipeline:
         metrics = GatewayMetrics()
         tokenizer = TokenizerClient(replica_set("tokenizer", settings.tokenizer_address,
                                                 settings, redis, metrics), settings.rpc_timeout_s)
-        engines = EngineClients(settings.rpc_timeout_s)
+        engines = EngineClients(settings.rpc_timeout_s, Keepalive(
+            settings.keepalive_time_s, settings.keepalive_timeout_s))
         directory = _directory(settings, redis, engines)
         if not settings.auth_enabled:
             log.warning("API keys are OFF (CONVEYOR_GATEWAY_AUTH_ENABLED=false): every request "

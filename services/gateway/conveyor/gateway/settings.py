@@ -43,12 +43,12 @@ class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings, BatchAp
         "(a replica that does not answer is replaced by another)."
     )
     keepalive_time_s: float = Field(
-        2.0, ge=1.0, description="Seconds between keepalive pings on tokenizer and detok "
-        "channels (servers accept one a second at most)."
+        2.0, ge=1.0, description="Seconds between keepalive pings on tokenizer, detok and "
+        "engine channels (servers accept one a second at most)."
     )
     keepalive_timeout_s: float = Field(
         2.0, gt=0, description="Seconds a keepalive ping may go unanswered before the peer is "
-        "dropped (its calls fail over to another replica)."
+        "dropped (its calls fail over to another replica, its streams move)."
     )
     served_model_name: str | None = Field(
         None, description="Model name clients use (default: the name the tokenizer serves)."

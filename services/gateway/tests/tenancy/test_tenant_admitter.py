@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from conveyor.gateway.tenancy.admission import TenantAdmitter
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
 from conveyor.gateway.tenancy.errors import MissingApiKey, RateLimited
 from conveyor.gateway.tenancy.settings import TenancySettings
-from conveyor.gateway.tenancy.tenant_admitter import TenantAdmitter
 
 
 @dataclass

@@ -15,7 +15,7 @@ from conveyor.common.file_store import DirectoryFileStore, FileStore
 from conveyor.gateway.batches.task_sender import TaskSender
 from conveyor.gateway.errors import error_response, to_api_error
 from conveyor.gateway.pipeline import Pipeline
-from conveyor.gateway.tenancy.tenant import Tenant
+from conveyor.gateway.tenancy.api_keys import Tenant
 
 
 @dataclass(slots=True)

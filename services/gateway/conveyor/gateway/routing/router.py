@@ -54,7 +54,7 @@ from conveyor.common.engine_registry import (
     EngineRegistry,
     require_decoded_responses,
 )
-from conveyor.common.grpc_client import open_channel
+from conveyor.common.grpc_client import DEFAULT_KEEPALIVE, Keepalive, open_channel
 from conveyor.gateway import convert
 from conveyor.gateway.engine_records import EngineChunk, EngineFacts, GenerateJob
 from conveyor.gateway.routing.settings import RoutingSettings
@@ -114,8 +114,9 @@ class EngineClient:
 class EngineClients:
     """A lazy {address: EngineClient} cache; `close()` closes every channel opened."""
 
-    def __init__(self, rpc_timeout_s: float):
+    def __init__(self, rpc_timeout_s: float, keepalive: Keepalive = DEFAULT_KEEPALIVE):
         self._rpc_timeout_s = rpc_timeout_s
+        self._keepalive = keepalive
         self._clients: dict[str, EngineClient] = {}
         self._channels: list[grpc.aio.Channel] = []
 
@@ -123,7 +124,7 @@ class EngineClients:
         """The client of the engine at `address` (host:port); never awaits."""
         client = self._clients.get(address)
         if client is None:
-            channel = open_channel(address)
+            channel = open_channel(address, self._keepalive)
             self._channels.append(channel)
             client = self._clients[address] = EngineClient(address, channel,
                                                            self._rpc_timeout_s)

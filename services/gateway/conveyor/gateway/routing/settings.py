@@ -27,6 +27,9 @@ class RoutingSettings(BaseSettings):
                              "busy: sessions and hints move off it when another engine is not "
                              "(an engine at its own CONVEYOR_ENGINE_MAX_NUM_WAITING_* bound is "
                              "full and is picked last).")
+    max_stream_moves: int = Field(2, ge=0, description="Times one generation may move to "
+                                  "another engine when its engine fails mid-stream (0: never; "
+                                  "the client then gets an error event).")
     max_engine_attempts: int = Field(3, ge=1, description="Engines a request tries before any "
                                      "output when one is unreachable or its waiting queue is "
                                      "full; then 503 with Retry-After.")

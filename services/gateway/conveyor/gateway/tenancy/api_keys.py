@@ -1,4 +1,5 @@
-"""API keys: created once, stored only as their SHA-256, checked in constant time.
+"""API keys and the tenants they stand for: keys created once, stored only as their
+SHA-256, checked in constant time; a `Tenant` is who a request is billed to.
 
 A key is `cvy-` + 43 URL-safe characters (256 random bits). Redis never holds
 the key itself, only its digest:
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -31,12 +33,46 @@ from conveyor.gateway.tenancy.errors import (
     TierNotConfigured,
     redact_key,
 )
-from conveyor.gateway.tenancy.tenant import Tenant, check_tenant_id
-from conveyor.gateway.tenancy.tiers import Tier
+from conveyor.gateway.tenancy.tiers import CacheSharing, Tier
 
 KEY_PREFIX = "cvy-"
 _KEY_ID_HEX_DIGITS = 16
 _MAX_LAST_KNOWN = 100_000
+
+
+ANONYMOUS_TENANT = "anonymous"
+"""The tenant of every request when auth is off."""
+
+_TENANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_tenant_id(tenant_id: str) -> str:
+    """Tenant ids go into Redis keys: letters, digits, '_', '.', '-', at most 64."""
+    if not _TENANT_ID.fullmatch(tenant_id):
+        raise ValueError(f"tenant id {tenant_id!r} must be 1-64 letters, digits, '_', '.' or '-', "
+                         "starting with a letter or digit")
+    return tenant_id
+
+
+@dataclass(slots=True, frozen=True)
+class Tenant:
+    """An authenticated caller. `key_id` is None for the anonymous tenant.
+
+    `batch_id` is set on a line of a batch (admission.BatchIdentity): the tenant is the
+    batch's, its tier the tier's batch form (batch_tier), and its admission does
+    not touch the tenant's interactive limits."""
+
+    tenant_id: str
+    tier: Tier
+    key_id: str | None = None
+    batch_id: str | None = None
+
+    @property
+    def cache_salt(self) -> str:
+        """The engine's prefix-cache salt: the tenant's own, or empty to share globally."""
+        if self.tier.cache_sharing is CacheSharing.GLOBAL:
+            return ""
+        return f"tenant:{self.tenant_id}"
 
 
 def key_digest(key: str) -> str:

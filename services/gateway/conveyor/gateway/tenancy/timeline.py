@@ -53,6 +53,9 @@ class RequestTimeline:
     num_completion_tokens: int | None = None
     num_cached_tokens: int | None = None
     engine_id: str | None = None
+    """The engine that served it (the last one, when it moved)."""
+    num_moves: int | None = None
+    """Times a generation moved to another engine after its engine failed mid-stream."""
     finish_reason: str | None = None
 
     @property
@@ -85,6 +88,11 @@ class TimelineDraft:
         """`stage` happened now; `values` (see TimelineStore.record) are kept with it."""
         _check_recordable(values)
         self._values.update({Stage(stage): time.time(), **values})
+
+    def record(self, **values: int | str) -> None:
+        """Keep `values` (see TimelineStore.record) for the next save."""
+        _check_recordable(values)
+        self._values.update(values)
 
     def reached(self, stage: Stage) -> bool:
         return Stage(stage) in self._values
