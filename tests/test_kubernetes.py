@@ -237,7 +237,7 @@ def test_dashboard_queries_only_metrics_the_services_export():
     import json
 
     from conveyor.engine.metrics import EngineMetrics
-    from conveyor.gateway.metrics import GatewayMetrics
+    from conveyor.gateway.observability import GatewayMetrics
 
     exported = (_metric_names(EngineMetrics("m", "e").registry)
                 | _metric_names(GatewayMetrics().registry))

@@ -6,7 +6,7 @@ import pytest
 
 from conveyor.common.engine_registry import EngineLoad
 from conveyor.gateway.routing.router import EnginePicker, NoEngineAvailable
-from conveyor.gateway.upstream_error import UpstreamError
+from conveyor.gateway.wire import UpstreamError
 
 
 class StubEngine:

@@ -15,7 +15,7 @@ from conveyor.gateway.batches.api import router as batches_router
 from conveyor.gateway.batches.batch_metrics import attach_batch_metrics
 from conveyor.gateway.body_limit import BodySizeLimitMiddleware
 from conveyor.gateway.errors import APIError, error_response, internal_error
-from conveyor.gateway.genai_span import RequestSpanMiddleware
+from conveyor.gateway.observability import RequestSpanMiddleware
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.probes import router as probes_router
 from conveyor.gateway.routes import router

@@ -16,9 +16,8 @@ from collections.abc import AsyncIterator
 import grpc
 
 from conveyor.common.replica_set import Replica, ReplicaSet, is_replica_failure
-from conveyor.gateway import convert
-from conveyor.gateway.detok_records import DetokOptions, DetokReply
-from conveyor.gateway.upstream_error import translate_rpc_errors
+from conveyor.gateway import wire
+from conveyor.gateway.wire import DetokOptions, DetokReply, translate_rpc_errors
 from conveyor.v1 import detok_pb2_grpc
 
 SERVICE = "detok"
@@ -77,14 +76,14 @@ class DetokStream:
             return False
         self._token_ids.extend(token_ids)
         if self._attempt is not None:
-            self._attempt.send(convert.detok_tokens(token_ids))
+            self._attempt.send(wire.detok_tokens(token_ids))
         return True
 
     def finish(self) -> None:
         """Tell the server the engine finished, so it flushes held-back text."""
         self._finished = True
         if self._attempt is not None:
-            self._attempt.send(convert.detok_finish())
+            self._attempt.send(wire.detok_finish())
             self._attempt.send(_END)
 
     async def replies(self) -> AsyncIterator[DetokReply]:
@@ -99,7 +98,7 @@ class DetokStream:
                     return
                 try:
                     async for message in attempt.call:
-                        reply = self._fresh(convert.detok_reply(message), attempt)
+                        reply = self._fresh(wire.detok_reply(message), attempt)
                         if reply is not None:
                             yield reply
                     self._ended = True
@@ -123,11 +122,11 @@ class DetokStream:
             log.warning("detok stream %s rebuilt on %s from %d token ids (%d chars already "
                         "out)", self._options.request_id, replica.address,
                         len(self._token_ids), self._num_chars_out)
-        messages = [convert.detok_start(self._options)]
+        messages = [wire.detok_start(self._options)]
         if self._token_ids:
-            messages.append(convert.detok_tokens(self._token_ids))
+            messages.append(wire.detok_tokens(self._token_ids))
         if self._finished:
-            messages += [convert.detok_finish(), _END]
+            messages += [wire.detok_finish(), _END]
         self._attempt = _Attempt(replica, messages)
         return self._attempt
 

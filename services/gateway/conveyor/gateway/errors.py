@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, QUEUE_FULL
 from conveyor.gateway.routing.router import NoEngineAvailable
 from conveyor.gateway.tenancy.errors import TenancyError
-from conveyor.gateway.upstream_error import UpstreamError
+from conveyor.gateway.wire import UpstreamError
 
 log = logging.getLogger("conveyor.gateway.errors")
 

@@ -16,17 +16,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from conveyor.gateway.detok_client import DetokClient, DetokStream
-from conveyor.gateway.detok_records import DetokOptions, DetokReply
-from conveyor.gateway.engine_records import (
+from conveyor.gateway.errors import EngineAborted
+from conveyor.gateway.routing.router import EngineClient, EngineStream
+from conveyor.gateway.wire import (
+    DetokOptions,
+    DetokReply,
     EngineChunk,
     FinishReason,
     GenerateJob,
     PositionLogprobs,
     TokenUsage,
+    UpstreamError,
 )
-from conveyor.gateway.errors import EngineAborted
-from conveyor.gateway.routing.router import EngineClient, EngineStream
-from conveyor.gateway.upstream_error import UpstreamError
 
 
 @dataclass(slots=True)

@@ -36,7 +36,6 @@ from conveyor.common.engine_registry import EngineEntry
 from conveyor.common.errors import QUEUE_FULL
 from conveyor.common.log import request_id_var
 from conveyor.gateway.api_models import ChatCompletionRequest, CompletionRequest
-from conveyor.gateway.engine_records import GenerateJob
 from conveyor.gateway.errors import (
     APIError,
     ClientDisconnected,
@@ -44,10 +43,9 @@ from conveyor.gateway.errors import (
     to_api_error,
     unavailable,
 )
-from conveyor.gateway.genai_span import describe_generation, record_usage
 from conveyor.gateway.generation import ChoiceStream, ChoiceStreams, GenerationDelta
-from conveyor.gateway.metrics import DISCONNECTED_STATUS
 from conveyor.gateway.model_catalog import ServedModel
+from conveyor.gateway.observability import DISCONNECTED_STATUS, describe_generation, record_usage
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.request_mapping import (
     GenerationBody,
@@ -58,14 +56,17 @@ from conveyor.gateway.request_mapping import (
     render_input,
     sampling_options,
 )
-from conveyor.gateway.response_formats import ChatFormat, CompletionFormat, ResponseFormat
+from conveyor.gateway.response_formats import (
+    ChatFormat,
+    CompletionFormat,
+    ResponseFormat,
+    UsageTotals,
+)
 from conveyor.gateway.routing.router import EngineClient, NoEngineAvailable
 from conveyor.gateway.tenancy.admission import TenantAdmission, engine_priority
 from conveyor.gateway.tenancy.api_keys import Tenant
 from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft
-from conveyor.gateway.tokenizer_records import PromptInput, PromptTokens
-from conveyor.gateway.upstream_error import UpstreamError
-from conveyor.gateway.usage_totals import UsageTotals
+from conveyor.gateway.wire import GenerateJob, PromptInput, PromptTokens, UpstreamError
 
 log = logging.getLogger("conveyor.gateway.requests")
 

@@ -13,8 +13,8 @@ from redis.backoff import NoBackoff
 from conveyor.common.engine_registry import EngineRegistry
 from conveyor.common.grpc_client import Keepalive
 from conveyor.gateway.detok_client import DetokClient
-from conveyor.gateway.metrics import GatewayMetrics
 from conveyor.gateway.model_catalog import ModelCatalog
+from conveyor.gateway.observability import GatewayMetrics
 from conveyor.gateway.replica_sets import replica_set
 from conveyor.gateway.routing.router import (
     EngineClients,

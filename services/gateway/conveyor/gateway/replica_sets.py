@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 from conveyor.common.grpc_client import Keepalive
 from conveyor.common.replica_set import ReplicaSet
 from conveyor.common.service_registry import ReplicaEntry, ServiceRegistry
-from conveyor.gateway.metrics import GatewayMetrics
+from conveyor.gateway.observability import GatewayMetrics
 from conveyor.gateway.settings import GatewaySettings
 
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 
 from conveyor.gateway.api_models import ChatCompletionRequest, ChatMessage, CompletionRequest
-from conveyor.gateway.detok_records import DetokOptions
-from conveyor.gateway.engine_records import SamplingOptions
 from conveyor.gateway.errors import bad_request, context_length_exceeded
 from conveyor.gateway.model_catalog import ServedModel
-from conveyor.gateway.tokenizer_records import ChatTurn, PromptTokens, RenderInput
+from conveyor.gateway.wire import ChatTurn, DetokOptions, PromptTokens, RenderInput, SamplingOptions
 
 PROMPT_TAIL_TOKENS = 6
 """Prompt tokens detok gets so the first output token decodes with the right context."""

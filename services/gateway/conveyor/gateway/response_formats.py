@@ -1,7 +1,9 @@
-"""The two OpenAI response shapes: chat completions and (text) completions.
+"""The two OpenAI response shapes (chat completions and text completions), their logprobs,
+and the usage of a whole response.
 
-Each format turns a choice's GenerationDelta into a streaming chunk, and a
-finished ChoiceResult into a choice of the non-streaming response.
+Each format turns a choice's GenerationDelta into a streaming chunk, and a finished
+ChoiceResult into a choice of the non-streaming response; `UsageTotals` counts the
+tokens of all the choices (prompts once, completions summed).
 """
 
 from __future__ import annotations
@@ -9,11 +11,119 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from conveyor.gateway.engine_records import PositionLogprobs
 from conveyor.gateway.generation import GenerationDelta
-from conveyor.gateway.logprobs_format import chat_logprobs, completion_logprobs
-from conveyor.gateway.usage_totals import UsageTotals
+from conveyor.gateway.wire import PositionLogprobs, TokenUsage
 
+# -- usage totals ------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class UsageTotals:
+    """Choice i answers prompt i // n; a prompt's cached count is its first choice's.
+
+    `completion_tokens` sums the engine's final counts of finished choices;
+    `num_tokens_seen` counts every output token that arrived, finished or not
+    (what a request that was cut short has spent)."""
+
+    prompt_lengths: list[int]
+    n: int
+    completion_tokens: int = 0
+    num_tokens_seen: int = 0
+    cached_by_prompt: dict[int, int] = field(default_factory=dict)
+    finish_reasons: dict[int, str] = field(default_factory=dict)
+
+    def observe(self, choice_index: int, delta: GenerationDelta) -> None:
+        """Count one delta of choice `choice_index`; its last one brings the usage."""
+        self.num_tokens_seen += len(delta.token_ids)
+        if delta.finish_reason is not None:
+            self.finish_reasons[choice_index] = delta.finish_reason
+        if delta.usage is not None:
+            self.add(choice_index, delta.usage)
+
+    def add(self, choice_index: int, usage: TokenUsage) -> None:
+        self.completion_tokens += usage.completion_tokens
+        if choice_index % self.n == 0:
+            self.cached_by_prompt[choice_index // self.n] = usage.cached_tokens
+
+    @property
+    def num_tokens_spent(self) -> int:
+        """Output tokens to charge: the engine's counts, or what arrived if more."""
+        return max(self.completion_tokens, self.num_tokens_seen)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The choices' finish reasons, comma-joined in choice order (None: none finished)."""
+        reasons = [self.finish_reasons[i] for i in sorted(self.finish_reasons)]
+        return ",".join(reasons) if reasons else None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self.prompt_lengths)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(self.cached_by_prompt.values())
+
+    def as_openai(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+# -- logprobs format ---------------------------------------------------------------------
+
+def needed_token_ids(token_ids: list[int], logprobs: list[PositionLogprobs]) -> set[int]:
+    """Every id whose text the logprobs below will show."""
+    ids = set(token_ids)
+    for position in logprobs:
+        ids.update(token_id for token_id, _ in position.top)
+    return ids
+
+
+def chat_logprobs(
+    token_ids: list[int], logprobs: list[PositionLogprobs], texts: dict[int, str],
+    num_top: int,
+) -> dict:
+    """`{"content": [...]}` for a chat choice or chunk."""
+    return {"content": [
+        {**_chat_entry(texts[token_id], position.logprob),
+         "top_logprobs": [_chat_entry(texts[i], lp) for i, lp in position.top[:num_top]]}
+        for token_id, position in zip(token_ids, logprobs, strict=False)
+    ]}
+
+
+def _chat_entry(text: str, logprob: float) -> dict:
+    return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode())}
+
+
+def completion_logprobs(
+    token_ids: list[int], logprobs: list[PositionLogprobs], texts: dict[int, str],
+    num_top: int, text_offset: int,
+) -> dict:
+    """The completions shape; offsets count characters of the choice's text from text_offset."""
+    tokens = [texts[token_id] for token_id in token_ids[: len(logprobs)]]
+    offsets = []
+    for token in tokens:
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [_finite(p.logprob) for p in logprobs[: len(tokens)]],
+        "top_logprobs": [
+            {texts[i]: _finite(lp) for i, lp in p.top[:num_top]} for p in logprobs[: len(tokens)]
+        ],
+        "text_offset": offsets,
+    }
+
+
+def _finite(logprob: float) -> float:
+    """JSON has no -inf; OpenAI servers send a very small number instead."""
+    return max(logprob, -9999.0)
+
+
+# -- response formats --------------------------------------------------------------------
 
 @dataclass(slots=True)
 class ChoiceResult:

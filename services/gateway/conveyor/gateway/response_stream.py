@@ -31,10 +31,9 @@ from starlette.types import Receive, Scope, Send
 
 from conveyor.gateway.errors import ClientDisconnected, RequestTimedOut
 from conveyor.gateway.generation_request import EndpointKind, GenerationRequest
-from conveyor.gateway.logprobs_format import needed_token_ids
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.request_mapping import GenerationBody
-from conveyor.gateway.response_formats import ChoiceResult, ResponseFormat
+from conveyor.gateway.response_formats import ChoiceResult, ResponseFormat, needed_token_ids
 
 log = logging.getLogger("conveyor.gateway.sse")
 

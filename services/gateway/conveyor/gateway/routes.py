@@ -21,7 +21,7 @@ from conveyor.gateway.generation_request import CHAT, COMPLETIONS
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.request_mapping import chat_turns
 from conveyor.gateway.response_stream import GenerationResponse
-from conveyor.gateway.tokenizer_records import PromptInput, RenderInput
+from conveyor.gateway.wire import PromptInput, RenderInput
 
 router = APIRouter()
 

@@ -4,14 +4,14 @@ replicas: a call a replica fails to answer is retried on another (ReplicaSet.cal
 from __future__ import annotations
 
 from conveyor.common.replica_set import ReplicaSet
-from conveyor.gateway import convert
-from conveyor.gateway.tokenizer_records import (
+from conveyor.gateway import wire
+from conveyor.gateway.wire import (
     PromptInput,
     PromptTokens,
     RenderInput,
     TokenizerFacts,
+    translate_rpc_errors,
 )
-from conveyor.gateway.upstream_error import translate_rpc_errors
 from conveyor.v1 import tokenizer_pb2_grpc
 
 SERVICE = "tokenizer"
@@ -25,19 +25,19 @@ class TokenizerClient:
         self._timeout_s = rpc_timeout_s
 
     async def render(self, render: RenderInput) -> PromptTokens:
-        return convert.prompt_tokens(await self._call("Render", convert.render_request(render)))
+        return wire.prompt_tokens(await self._call("Render", wire.render_request(render)))
 
     async def tokenize(self, prompt: PromptInput) -> PromptTokens:
-        return convert.prompt_tokens(
-            await self._call("Tokenize", convert.tokenize_request(prompt)))
+        return wire.prompt_tokens(
+            await self._call("Tokenize", wire.tokenize_request(prompt)))
 
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
-        return convert.decoded_text(await self._call(
-            "Decode", convert.decode_request(token_ids, skip_special_tokens)))
+        return wire.decoded_text(await self._call(
+            "Decode", wire.decode_request(token_ids, skip_special_tokens)))
 
     async def info(self) -> TokenizerFacts:
-        return convert.tokenizer_facts(
-            await self._call("Info", convert.tokenizer_info_request()))
+        return wire.tokenizer_facts(
+            await self._call("Info", wire.tokenizer_info_request()))
 
     async def is_serving(self) -> bool:
         return await self._replicas.is_serving(self._timeout_s)

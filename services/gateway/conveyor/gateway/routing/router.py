@@ -55,10 +55,15 @@ from conveyor.common.engine_registry import (
     require_decoded_responses,
 )
 from conveyor.common.grpc_client import DEFAULT_KEEPALIVE, Keepalive, open_channel
-from conveyor.gateway import convert
-from conveyor.gateway.engine_records import EngineChunk, EngineFacts, GenerateJob
+from conveyor.gateway import wire
 from conveyor.gateway.routing.settings import RoutingSettings
-from conveyor.gateway.upstream_error import UpstreamError, translate_rpc_errors
+from conveyor.gateway.wire import (
+    EngineChunk,
+    EngineFacts,
+    GenerateJob,
+    UpstreamError,
+    translate_rpc_errors,
+)
 from conveyor.v1 import engine_pb2_grpc
 
 log = logging.getLogger("conveyor.gateway.routing")
@@ -80,7 +85,7 @@ class EngineStream:
     async def __aiter__(self) -> AsyncIterator[EngineChunk]:
         with translate_rpc_errors(SERVICE):
             async for message in self._call:
-                yield convert.engine_chunk(message)
+                yield wire.engine_chunk(message)
 
     def cancel(self) -> None:
         self._call.cancel()
@@ -96,19 +101,19 @@ class EngineClient:
 
     def generate(self, job: GenerateJob) -> EngineStream:
         """Start generating; nothing is awaited until the stream is iterated."""
-        return EngineStream(self._stub.Generate(convert.generate_request(job)))
+        return EngineStream(self._stub.Generate(wire.generate_request(job)))
 
     async def stats(self, timeout_s: float | None = None) -> EngineLoad:
         with translate_rpc_errors(SERVICE):
             reply = await self._stub.Stats(
-                convert.stats_request(), timeout=timeout_s or self._timeout_s
+                wire.stats_request(), timeout=timeout_s or self._timeout_s
             )
-        return convert.engine_load(reply)
+        return wire.engine_load(reply)
 
     async def info(self) -> EngineFacts:
         with translate_rpc_errors(SERVICE):
-            reply = await self._stub.Info(convert.engine_info_request(), timeout=self._timeout_s)
-        return convert.engine_facts(reply)
+            reply = await self._stub.Info(wire.engine_info_request(), timeout=self._timeout_s)
+        return wire.engine_facts(reply)
 
 
 class EngineClients:

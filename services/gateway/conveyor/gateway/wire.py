@@ -1,0 +1,414 @@
+"""What the gateway sends to and reads from its gRPC services, as plain data, and the one
+place that converts it to and from protobuf.
+
+Records: a prompt to render or tokenize and the tokens that come back (tokenizer), a
+Generate job with its sampling options and the chunks, loads and facts an engine
+answers (engine), a detok stream's options and replies (detok). The conversions
+(`render_request`, `generate_request`, `engine_chunk`, `detok_reply`, ...) are the only
+code past this module that touches `*_pb2`; a failed call becomes an `UpstreamError`
+(`translate_rpc_errors`), never a gRPC exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+
+import grpc
+
+from conveyor.common.engine_registry import EngineLoad
+from conveyor.common.errors import ERROR_REASON_KEY
+from conveyor.v1 import detok_pb2, engine_pb2, tokenizer_pb2
+
+# -- tokenizer records -------------------------------------------------------------------
+
+@dataclass(slots=True)
+class ChatTurn:
+    """One chat message; `parts` (text pieces) win over `content` when given."""
+
+    role: str
+    content: str = ""
+    parts: list[str] = field(default_factory=list)
+    name: str = ""
+    tool_call_id: str = ""
+    tool_calls_json: str = ""
+
+
+@dataclass(slots=True)
+class RenderInput:
+    """A conversation to render with the chat template and tokenize."""
+
+    messages: list[ChatTurn]
+    max_tokens: int = 0
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str = ""
+    tools_json: str = ""
+    chat_template_kwargs_json: str = ""
+
+
+@dataclass(slots=True)
+class PromptInput:
+    """A plain prompt: text or token ids (exactly one of them)."""
+
+    text: str | None = None
+    token_ids: list[int] | None = None
+    add_special_tokens: bool = True
+    max_tokens: int = 0
+
+
+@dataclass(slots=True)
+class PromptTokens:
+    """A tokenized prompt and the model's context length."""
+
+    token_ids: list[int]
+    prompt_text: str
+    max_model_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(slots=True)
+class TokenizerFacts:
+    """What the tokenizer serves (Tokenizer.Info)."""
+
+    model: str
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: list[int]
+
+
+# -- engine records ----------------------------------------------------------------------
+
+@dataclass(slots=True)
+class SamplingOptions:
+    """How the engine samples one request; None takes the engine's (OpenAI's) default."""
+
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    min_tokens: int = 0
+
+
+@dataclass(slots=True)
+class GenerateJob:
+    """One Generate call: a prompt and how to continue it."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+    priority: int = 0
+    cache_salt: str = ""
+    resume_output_token_ids: list[int] = field(default_factory=list)
+    """Output an earlier engine produced (a moved stream); the engine continues after it."""
+
+
+class FinishReason(Enum):
+    """Why the engine stopped a request."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(slots=True)
+class PositionLogprobs:
+    """The sampled token's logprob and the best alternatives (token id, logprob)."""
+
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TokenUsage:
+    """Token counts of one request."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class EngineChunk:
+    """Tokens the engine produced since its previous chunk."""
+
+    token_ids: list[int]
+    logprobs: list[PositionLogprobs]
+    finish_reason: FinishReason | None
+    usage: TokenUsage
+    stop_token_id: int | None = None
+
+
+@dataclass(slots=True)
+class EngineFacts:
+    """Static facts about an engine (Engine.Info)."""
+
+    model: str
+    max_model_len: int
+    engine_id: str
+
+
+# -- detok records -----------------------------------------------------------------------
+
+@dataclass(slots=True)
+class DetokOptions:
+    """Options of one detok stream (its first message)."""
+
+    request_id: str
+    prompt_tail_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+
+
+@dataclass(slots=True)
+class StopMatch:
+    """A stop string matched after `num_tokens` output tokens."""
+
+    stop: str
+    stop_index: int
+    num_tokens: int
+
+
+@dataclass(slots=True)
+class DetokReply:
+    """Text the detok stream produced; `num_tokens` output tokens are consumed so far."""
+
+    text_delta: str
+    num_tokens: int
+    stop_match: StopMatch | None = None
+
+
+# -- upstream error ----------------------------------------------------------------------
+
+class UpstreamError(Exception):
+    """A gRPC call failed: which service, the status code's name, its message and
+    the machine-readable reason from the trailing metadata (None when absent)."""
+
+    def __init__(self, service: str, code: str, message: str, reason: str | None = None):
+        super().__init__(f"{service}: {code}: {message}")
+        self.service = service
+        self.code = code
+        self.message = message
+        self.reason = reason
+
+    @classmethod
+    def from_rpc(cls, service: str, error: grpc.aio.AioRpcError) -> UpstreamError:
+        return cls(service, error.code().name, error.details() or "", _reason_of(error))
+
+
+def _reason_of(error: grpc.aio.AioRpcError) -> str | None:
+    for key, value in error.trailing_metadata() or ():
+        if key == ERROR_REASON_KEY:
+            return value.decode() if isinstance(value, bytes) else value
+    return None
+
+
+@contextlib.contextmanager
+def translate_rpc_errors(service: str) -> Iterator[None]:
+    """Re-raise a gRPC error raised inside the block as UpstreamError."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as error:
+        raise UpstreamError.from_rpc(service, error) from error
+
+
+# -- convert -----------------------------------------------------------------------------
+
+_FINISH_REASONS = {
+    engine_pb2.FINISH_REASON_STOP: FinishReason.STOP,
+    engine_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
+    engine_pb2.FINISH_REASON_ABORT: FinishReason.ABORT,
+}
+_OPTIONAL_SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "seed",
+    "presence_penalty", "frequency_penalty", "repetition_penalty",
+)
+
+
+# -- engine -----------------------------------------------------------------------------------
+
+def generate_request(job: GenerateJob) -> engine_pb2.GenerateRequest:
+    return engine_pb2.GenerateRequest(
+        request_id=job.request_id,
+        prompt_token_ids=job.prompt_token_ids,
+        sampling=sampling_params(job.sampling),
+        priority=job.priority,
+        cache_salt=job.cache_salt,
+        resume_output_token_ids=job.resume_output_token_ids,
+    )
+
+
+def sampling_params(options: SamplingOptions) -> engine_pb2.SamplingParams:
+    params = engine_pb2.SamplingParams(
+        max_tokens=options.max_tokens,
+        logit_bias=options.logit_bias,
+        stop_token_ids=options.stop_token_ids,
+        ignore_eos=options.ignore_eos,
+        logprobs=options.logprobs,
+        top_logprobs=options.top_logprobs,
+        min_tokens=options.min_tokens,
+    )
+    for name in _OPTIONAL_SAMPLING_FIELDS:
+        value = getattr(options, name)
+        if value is not None:
+            setattr(params, name, value)
+    return params
+
+
+def engine_chunk(message: engine_pb2.GenerateResponse) -> EngineChunk:
+    return EngineChunk(
+        token_ids=list(message.token_ids),
+        logprobs=[_position_logprobs(p) for p in message.logprobs],
+        finish_reason=_FINISH_REASONS.get(message.finish_reason),
+        usage=TokenUsage(
+            prompt_tokens=message.usage.prompt_tokens,
+            completion_tokens=message.usage.completion_tokens,
+            cached_tokens=message.usage.cached_tokens,
+        ),
+        stop_token_id=message.stop_token_id if message.HasField("stop_token_id") else None,
+    )
+
+
+def _position_logprobs(message: engine_pb2.PositionLogprobs) -> PositionLogprobs:
+    return PositionLogprobs(
+        logprob=message.logprob, top=[(t.token_id, t.logprob) for t in message.top]
+    )
+
+
+def stats_request() -> engine_pb2.EngineStatsRequest:
+    return engine_pb2.EngineStatsRequest()
+
+
+def engine_load(message: engine_pb2.EngineStats) -> EngineLoad:
+    return EngineLoad(
+        num_running=message.num_running,
+        num_waiting=message.num_waiting,
+        kv_usage=message.kv_usage,
+        num_free_blocks=message.num_free_blocks,
+        num_blocks=message.num_blocks,
+    )
+
+
+def engine_info_request() -> engine_pb2.EngineInfoRequest:
+    return engine_pb2.EngineInfoRequest()
+
+
+def engine_facts(message: engine_pb2.EngineInfo) -> EngineFacts:
+    return EngineFacts(
+        model=message.model, max_model_len=message.max_model_len, engine_id=message.engine_id
+    )
+
+
+# -- tokenizer --------------------------------------------------------------------------------
+
+def render_request(render: RenderInput) -> tokenizer_pb2.RenderRequest:
+    return tokenizer_pb2.RenderRequest(
+        messages=[_chat_message(m) for m in render.messages],
+        add_generation_prompt=render.add_generation_prompt,
+        continue_final_message=render.continue_final_message,
+        chat_template=render.chat_template,
+        tools_json=render.tools_json,
+        max_tokens=render.max_tokens,
+        chat_template_kwargs_json=render.chat_template_kwargs_json,
+    )
+
+
+def _chat_message(turn: ChatTurn) -> tokenizer_pb2.ChatMessage:
+    return tokenizer_pb2.ChatMessage(
+        role=turn.role,
+        content=turn.content,
+        parts=[tokenizer_pb2.ContentPart(type="text", text=text) for text in turn.parts],
+        name=turn.name,
+        tool_call_id=turn.tool_call_id,
+        tool_calls_json=turn.tool_calls_json,
+    )
+
+
+def tokenize_request(prompt: PromptInput) -> tokenizer_pb2.TokenizeRequest:
+    request = tokenizer_pb2.TokenizeRequest(
+        add_special_tokens=prompt.add_special_tokens, max_tokens=prompt.max_tokens
+    )
+    if prompt.token_ids is not None:
+        request.token_ids.ids.extend(prompt.token_ids)
+    else:
+        request.text = prompt.text or ""
+    return request
+
+
+def prompt_tokens(message: tokenizer_pb2.TokenizeResponse) -> PromptTokens:
+    return PromptTokens(
+        token_ids=list(message.token_ids),
+        prompt_text=message.prompt_text,
+        max_model_len=message.max_model_len,
+    )
+
+
+def decode_request(token_ids: list[int], skip_special_tokens: bool) -> tokenizer_pb2.DecodeRequest:
+    return tokenizer_pb2.DecodeRequest(token_ids=token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def decoded_text(message: tokenizer_pb2.DecodeResponse) -> str:
+    return message.text
+
+
+def tokenizer_info_request() -> tokenizer_pb2.TokenizerInfoRequest:
+    return tokenizer_pb2.TokenizerInfoRequest()
+
+
+def tokenizer_facts(message: tokenizer_pb2.TokenizerInfo) -> TokenizerFacts:
+    return TokenizerFacts(
+        model=message.model,
+        vocab_size=message.vocab_size,
+        max_model_len=message.max_model_len,
+        eos_token_ids=list(message.eos_token_ids),
+    )
+
+
+# -- detok ------------------------------------------------------------------------------------
+
+def detok_start(options: DetokOptions) -> detok_pb2.DetokenizeRequest:
+    return detok_pb2.DetokenizeRequest(
+        start=detok_pb2.DetokenizeStart(
+            request_id=options.request_id,
+            prompt_tail_token_ids=options.prompt_tail_token_ids,
+            stop=options.stop,
+            include_stop_str_in_output=options.include_stop_str_in_output,
+            skip_special_tokens=options.skip_special_tokens,
+            spaces_between_special_tokens=options.spaces_between_special_tokens,
+        )
+    )
+
+
+def detok_tokens(token_ids: list[int]) -> detok_pb2.DetokenizeRequest:
+    return detok_pb2.DetokenizeRequest(token_ids=token_ids)
+
+
+def detok_finish() -> detok_pb2.DetokenizeRequest:
+    return detok_pb2.DetokenizeRequest(finish=True)
+
+
+def detok_reply(message: detok_pb2.DetokenizeResponse) -> DetokReply:
+    stop_match = None
+    if message.HasField("stop_match"):
+        match = message.stop_match
+        stop_match = StopMatch(match.stop, match.stop_index, match.num_tokens)
+    return DetokReply(
+        text_delta=message.text_delta, num_tokens=message.num_tokens, stop_match=stop_match
+    )
