@@ -134,12 +134,14 @@ class ReplicaSet:
             try:
                 return await rpc(replica.channel)
             except grpc.aio.AioRpcError as error:
+                if not is_replica_failure(error):
+                    raise
                 tried.append(replica.address)
-                if not is_replica_failure(error) or len(tried) >= self.max_attempts:
+                num_left = min(self.max_attempts, len(await self.live_addresses())) - len(tried)
+                if num_left <= 0:
+                    self.mark_unreachable(replica.address)
                     raise
                 self.failed(replica.address, error)
-                if len(tried) >= len(await self.live_addresses()):
-                    raise
 
     def failed(self, address: str, error: grpc.aio.AioRpcError) -> None:
         """Log a replica failure and mark the replica unreachable."""
