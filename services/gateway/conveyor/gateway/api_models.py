@@ -1,20 +1,130 @@
-"""OpenAI request bodies (and vLLM's extensions), validated once on arrival.
+"""What a client may send, checked on arrival, and what it becomes for the engine and detok.
 
-Unknown fields are ignored, as OpenAI does. Ranges follow OpenAI's API reference. Types
-are strict, as OpenAI's are: `"stream": "yes"` or `"max_tokens": "5"` is a 400, not
-coerced (an integer is still a valid float). Every integer is bounded by what the
-protobuf field it travels in holds (uint32 / int32 / int64), so the bounds show in
-/openapi.json; numbers must be finite; a string holding a lone surrogate is refused.
+Bodies: a request body over the gateway's limit is refused with 413 before it is read
+whole (`BodySizeLimitMiddleware`). OpenAI request bodies (and vLLM's extensions) are
+validated once: unknown fields are ignored, as OpenAI does; ranges follow OpenAI's API
+reference; types are strict, as OpenAI's are (`"stream": "yes"` or `"max_tokens": "5"`
+is a 400, not coerced; an integer is still a valid float); every integer is bounded by
+what the protobuf field it travels in holds (uint32 / int32 / int64), so the bounds
+show in /openapi.json; numbers must be finite; a string holding a lone surrogate (JSON
+may escape one, UTF-8 cannot carry it) is refused.
+
+Mapping: from a validated body to the engine's sampling options and detok's options
+(`sampling_options`, `detok_options`, `max_tokens_for`, `check_limits`).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.gateway.unicode_text import lone_surrogate_path
+from conveyor.gateway.errors import APIError, bad_request, context_length_exceeded
+from conveyor.gateway.model_catalog import ServedModel
+from conveyor.gateway.wire import ChatTurn, DetokOptions, PromptTokens, RenderInput, SamplingOptions
+
+# -- body limit --------------------------------------------------------------------------
+
+class BodySizeLimitMiddleware:
+    """Pure ASGI middleware: 413 for HTTP request bodies over `max_body_bytes`."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, exempt_paths: tuple[str, ...] = ()):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.exempt_paths = exempt_paths
+        """Paths whose routes limit their bodies themselves (file uploads)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt_paths:
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_body_bytes:
+            await self._refuse(scope, receive, send)
+        elif declared is not None:  # the HTTP server stops a body at its Content-Length
+            await self.app(scope, receive, send)
+        else:
+            await self._buffered(scope, receive, send)
+
+    async def _buffered(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Read a chunked body up to the limit, then hand it on in one message."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            more = message.get("more_body", False)
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = APIError(413, f"the request body is larger than this gateway's limit of "
+                         f"{self.max_body_bytes} bytes", param=None, code="request_too_large")
+        await JSONResponse(error.body(), status_code=413,
+                           headers={"Connection": "close"})(scope, receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length" and value.isdigit():
+            return int(value)
+    return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives `body` first, then whatever the client sends next
+    (a disconnect, which the request path races against)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed
+
+
+# -- unicode text ------------------------------------------------------------------------
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_path(value: Any) -> str | None:
+    """The dotted path (`messages.0.content`) of a string, or dict key, holding a
+    lone surrogate; None when there is none. Iterative, so deep nesting cannot overflow."""
+    pending: list[tuple[str, Any]] = [("", value)]
+    while pending:
+        path, item = pending.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return path
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return _join(path, key.encode("utf-8", "backslashreplace").decode())
+                child_path = _join(path, str(key))
+                pending.append((child_path, child))
+        elif isinstance(item, list):
+            pending.extend((_join(path, str(i)), child) for i, child in enumerate(item))
+    return None
+
+
+def _join(path: str, part: str) -> str:
+    return f"{path}.{part}" if path else part
+
+
+# -- api models --------------------------------------------------------------------------
 
 MAX_TOP_LOGPROBS = 20
 UINT32_MAX = 2**32 - 1
@@ -183,3 +293,118 @@ class TokenizeRequest(_RequestBody):
 class DetokenizeRequest(_RequestBody):
     model: str | None = None
     tokens: list[TokenId]
+
+
+# -- request mapping ---------------------------------------------------------------------
+
+PROMPT_TAIL_TOKENS = 6
+"""Prompt tokens detok gets so the first output token decodes with the right context."""
+
+GenerationBody = ChatCompletionRequest | CompletionRequest
+
+
+def check_limits(body: GenerationBody, model: ServedModel, max_n: int) -> None:
+    """400 for values only the served model can judge (token ids, n)."""
+    if body.n > max_n:
+        raise bad_request(f"n must be at most {max_n}, got {body.n}", "n")
+    for token_id in body.stop_token_ids or []:
+        _check_token_id(token_id, model, "stop_token_ids")
+    for key in body.logit_bias or {}:
+        _check_token_id(int(key), model, "logit_bias")
+
+
+def _check_token_id(token_id: int, model: ServedModel, param: str) -> None:
+    if token_id >= model.vocab_size:
+        raise bad_request(
+            f"token id {token_id} is outside the vocabulary (size {model.vocab_size})", param
+        )
+
+
+def max_tokens_for(requested: int | None, prompt: PromptTokens, prompt_param: str) -> int:
+    """What the engine may generate: the request's max_tokens, or by default what the
+    context has left (max_model_len - prompt length, as vLLM does)."""
+    room = prompt.max_model_len - prompt.num_tokens
+    if requested is None and room < 1:
+        raise context_length_exceeded(
+            f"This model's maximum context length is {prompt.max_model_len} tokens. "
+            f"However, your prompt has {prompt.num_tokens} tokens, leaving no room for output.",
+            prompt_param,
+        )
+    return requested if requested is not None else room
+
+
+def sampling_options(body: GenerationBody, max_tokens: int, sample_index: int) -> SamplingOptions:
+    """The engine's sampling controls for sample `sample_index` of n (seeds differ per sample)."""
+    logprobs, top_logprobs = _logprob_request(body)
+    return SamplingOptions(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        seed=None if body.seed is None else _wrap_int64(body.seed + sample_index),
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
+        stop_token_ids=list(body.stop_token_ids or []),
+        ignore_eos=body.ignore_eos,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        min_tokens=body.min_tokens,
+    )
+
+
+def num_top_logprobs(body: GenerationBody) -> int | None:
+    """How many alternatives each logprobs entry shows; None when logprobs are off."""
+    logprobs, top_logprobs = _logprob_request(body)
+    return top_logprobs if logprobs else None
+
+
+def _logprob_request(body: GenerationBody) -> tuple[bool, int]:
+    if isinstance(body, ChatCompletionRequest):
+        return body.logprobs, body.top_logprobs or 0
+    return body.logprobs is not None, body.logprobs or 0
+
+
+def _wrap_int64(value: int) -> int:
+    return (value + 2**63) % 2**64 - 2**63
+
+
+def detok_options(body: GenerationBody, request_id: str, prompt: PromptTokens) -> DetokOptions:
+    return DetokOptions(
+        request_id=request_id,
+        prompt_tail_token_ids=prompt.token_ids[-PROMPT_TAIL_TOKENS:],
+        stop=body.stop_strings,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=body.skip_special_tokens,
+        spaces_between_special_tokens=body.spaces_between_special_tokens,
+    )
+
+
+def render_input(body: ChatCompletionRequest, max_tokens: int | None) -> RenderInput:
+    return RenderInput(
+        messages=chat_turns(body.messages),
+        max_tokens=max_tokens or 0,
+        add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+        continue_final_message=body.continue_final_message,
+        chat_template=body.chat_template or "",
+        tools_json=json.dumps(body.tools) if body.tools else "",
+        chat_template_kwargs_json=(
+            json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else ""
+        ),
+    )
+
+
+def chat_turns(messages: list[ChatMessage]) -> list[ChatTurn]:
+    return [
+        ChatTurn(
+            role=m.role,
+            content=m.content if isinstance(m.content, str) else "",
+            parts=[p.text for p in m.content] if isinstance(m.content, list) else [],
+            name=m.name or "",
+            tool_call_id=m.tool_call_id or "",
+            tool_calls_json=json.dumps(m.tool_calls) if m.tool_calls else "",
+        )
+        for m in messages
+    ]

@@ -35,7 +35,17 @@ from redis.exceptions import RedisError
 from conveyor.common.engine_registry import EngineEntry
 from conveyor.common.errors import QUEUE_FULL
 from conveyor.common.log import request_id_var
-from conveyor.gateway.api_models import ChatCompletionRequest, CompletionRequest
+from conveyor.gateway.api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationBody,
+    check_limits,
+    detok_options,
+    max_tokens_for,
+    num_top_logprobs,
+    render_input,
+    sampling_options,
+)
 from conveyor.gateway.errors import (
     APIError,
     ClientDisconnected,
@@ -47,15 +57,6 @@ from conveyor.gateway.generation import ChoiceStream, ChoiceStreams, GenerationD
 from conveyor.gateway.model_catalog import ServedModel
 from conveyor.gateway.observability import DISCONNECTED_STATUS, describe_generation, record_usage
 from conveyor.gateway.pipeline import Pipeline
-from conveyor.gateway.request_mapping import (
-    GenerationBody,
-    check_limits,
-    detok_options,
-    max_tokens_for,
-    num_top_logprobs,
-    render_input,
-    sampling_options,
-)
 from conveyor.gateway.response_formats import (
     ChatFormat,
     CompletionFormat,

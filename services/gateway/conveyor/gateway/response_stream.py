@@ -29,10 +29,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from conveyor.gateway.api_models import GenerationBody
 from conveyor.gateway.errors import ClientDisconnected, RequestTimedOut
 from conveyor.gateway.generation_request import EndpointKind, GenerationRequest
 from conveyor.gateway.pipeline import Pipeline
-from conveyor.gateway.request_mapping import GenerationBody
 from conveyor.gateway.response_formats import ChoiceResult, ResponseFormat, needed_token_ids
 
 log = logging.getLogger("conveyor.gateway.sse")

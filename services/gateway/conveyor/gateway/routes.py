@@ -15,11 +15,11 @@ from conveyor.gateway.api_models import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    chat_turns,
 )
 from conveyor.gateway.errors import error_response, to_api_error
 from conveyor.gateway.generation_request import CHAT, COMPLETIONS
 from conveyor.gateway.pipeline import Pipeline
-from conveyor.gateway.request_mapping import chat_turns
 from conveyor.gateway.response_stream import GenerationResponse
 from conveyor.gateway.wire import PromptInput, RenderInput
 
