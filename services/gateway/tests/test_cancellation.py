@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conveyor.gateway.errors import ClientDisconnected, RequestTimedOut
-from conveyor.gateway.response_stream import Lifeline
+from conveyor.gateway.routes import Lifeline
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 100}

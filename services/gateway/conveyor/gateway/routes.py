@@ -1,27 +1,255 @@
-"""The HTTP endpoints. Each is thin: the work lives in the modules it calls."""
+"""The HTTP endpoints, and the response of a generation request, which runs the request
+and writes its bytes.
+
+The endpoints are thin: the work lives in the modules they call. The two generation
+routes return a `GenerationResponse`.
+
+`GenerationResponse` is the ASGI response the two generation routes return. Its call
+is the request's whole life, in the one task the ASGI server gave it:
+
+    async with GenerationRequest(...) as request, Lifeline(receive, deadline):
+        admit -> start (first delta) -> stream SSE events, or collect one JSON body
+
+The last bytes of a response go out after the request released what it held, so a
+client that sends its next request at once finds its quota and slot returned.
+
+The `Lifeline` watches the client's connection (the ASGI `http.disconnect`, awaited,
+never polled) and the deadline; when either ends the request it cancels the task once
+and remembers why, and the request's own checks raise that reason at the next stage
+or delta, in case a library swallowed the cancellation. What the request holds is
+released by GenerationRequest's exit, never here: this module only writes bytes.
+
+Errors before the first byte are JSON error bodies with their status; after the
+stream started they are an SSE `data: {"error": ...}` event followed by `data: [DONE]`.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from redis.exceptions import RedisError
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from conveyor.gateway.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    GenerationBody,
     TokenizeRequest,
     chat_turns,
 )
-from conveyor.gateway.errors import error_response, to_api_error
-from conveyor.gateway.generation_request import CHAT, COMPLETIONS
+from conveyor.gateway.errors import (
+    ClientDisconnected,
+    RequestTimedOut,
+    error_response,
+    to_api_error,
+)
+from conveyor.gateway.generation_request import CHAT, COMPLETIONS, EndpointKind, GenerationRequest
 from conveyor.gateway.pipeline import Pipeline
-from conveyor.gateway.response_stream import GenerationResponse
+from conveyor.gateway.response_formats import ChoiceResult, ResponseFormat, needed_token_ids
 from conveyor.gateway.wire import PromptInput, RenderInput
+
+# -- response stream ---------------------------------------------------------------------
+
+log = logging.getLogger("conveyor.gateway.sse")
+
+DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def encode_event(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class Lifeline:
+    """Ends a request when its client disconnects or its deadline passes: cancels the
+    request's task once and keeps the reason for `check`."""
+
+    def __init__(self, receive: Receive, deadline: float):
+        self._receive = receive
+        self._deadline = deadline
+        self.ended_by: Exception | None = None
+
+    async def __aenter__(self) -> Lifeline:
+        loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.create_task(self._watch())
+        self._timer = loop.call_at(self._deadline, self._end, RequestTimedOut())
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        self._timer.cancel()
+        self._watcher.cancel()
+        await asyncio.gather(self._watcher, return_exceptions=True)
+        if self.ended_by is not None:
+            await _absorb_cancellation()
+
+    def check(self) -> None:
+        if self.ended_by is not None:
+            raise self.ended_by
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._end(ClientDisconnected())
+
+    def _end(self, reason: Exception) -> None:
+        if self.ended_by is None:
+            self.ended_by = reason
+            self._task.cancel()
+
+
+async def _absorb_cancellation() -> None:
+    """Take back the lifeline's cancel: raised here if still pending, then uncounted."""
+    try:
+        await asyncio.sleep(0)
+    except asyncio.CancelledError:
+        pass
+    task = asyncio.current_task()
+    while task.cancelling():
+        task.uncancel()
+
+
+class GenerationResponse(Response):
+    """Serves one chat or completions request (see the module doc)."""
+
+    def __init__(self, pipeline: Pipeline, request: Request, body: GenerationBody,
+                 kind: EndpointKind):
+        self.status_code = 200
+        self.background = None
+        self._pipeline, self._headers, self._body, self._kind = (
+            pipeline, request.headers, body, kind)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with GenerationRequest(self._pipeline, self._kind, self._body,
+                                     self._headers) as request:
+            writer = _Writer(send, request)
+            failure = await _serve_watched(writer, receive)
+            if failure is None:
+                request.end(None)
+            else:
+                await writer.fail(failure)
+        await writer.send_last()  # once released, so the client's next request finds it so
+
+
+async def _serve_watched(writer: _Writer, receive: Receive) -> Exception | None:
+    """Serve the request under its lifeline; what ended it early, or None."""
+    request = writer.request
+    async with Lifeline(receive, request.deadline) as lifeline:
+        request.check = lifeline.check
+        try:
+            await writer.serve()
+        except asyncio.CancelledError:
+            if lifeline.ended_by is None:
+                raise  # a real cancellation (shutdown): the request's exit releases
+            return lifeline.ended_by
+        except Exception as error:  # noqa: BLE001 - every failure ends as a response
+            return error
+    return None
+
+
+class _Writer:
+    """Writes one request's response: SSE events as deltas come, or one JSON body."""
+
+    def __init__(self, send: Send, request: GenerationRequest):
+        self._send = send
+        self.request = self._request = request
+        self.started = False
+        self._last: dict | None = None
+
+    async def serve(self) -> None:
+        request = self._request
+        await request.admit()
+        first = await request.start()
+        fmt = request.response_format()
+        if request.body.stream:
+            await self._stream(fmt, first)
+        else:
+            await self._collect(fmt, first)
+
+    async def fail(self, error: BaseException) -> None:
+        """End the response with `error` (nothing is written when the client is gone)."""
+        request = self._request
+        request.end(error)
+        if isinstance(error, ClientDisconnected):
+            return
+        api_error = request.error_of(error)
+        if self.started:
+            log.info("stream ended by an error: %s %s", api_error.status, api_error.message)
+            await self._body(encode_event(api_error.body()) + DONE, more=False)
+        else:
+            await self._json(api_error.status, api_error.body(), api_error.headers)
+
+    async def _stream(self, fmt: ResponseFormat, first) -> None:
+        request = self._request
+        await self._start(200, {"content-type": "text/event-stream; charset=utf-8",
+                                **SSE_HEADERS})
+        for chunk in fmt.opening_chunks(request.body.n * len(request.usage.prompt_lengths)):
+            await self._body(encode_event(chunk))
+        item = first
+        while item is not None:
+            index, delta = item
+            texts = await self._texts(fmt, delta.token_ids, delta.logprobs)
+            chunk = fmt.chunk(index, delta, texts)
+            if chunk is not None:
+                await self._body(encode_event(chunk))
+            item = await request.next_delta()
+        if request.body.include_usage:
+            await self._body(encode_event(fmt.usage_chunk(request.usage)))
+        await self._body(DONE, more=False)
+
+    async def _collect(self, fmt: ResponseFormat, first) -> None:
+        request = self._request
+        results = [ChoiceResult() for _ in range(request.body.n * len(
+            request.usage.prompt_lengths))]
+        item = first
+        while item is not None:
+            results[item[0]].add(item[1])
+            item = await request.next_delta()
+        token_ids = [i for r in results for i in r.token_ids]
+        logprobs = [p for r in results for p in r.logprobs]
+        texts = await self._texts(fmt, token_ids, logprobs)
+        await self._json(200, fmt.response(results, texts, request.usage))
+
+    async def _texts(self, fmt: ResponseFormat, token_ids, logprobs) -> dict:
+        if not fmt.wants_logprobs or not logprobs:
+            return {}
+        return await self._request.pipeline.token_texts.texts(
+            needed_token_ids(token_ids, logprobs))
+
+    async def _json(self, status: int, payload: dict, headers: dict[str, str] | None = None):
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        await self._start(status, {**(headers or {}), "content-type": "application/json",
+                                   "content-length": str(len(body))})
+        await self._body(body, more=False)
+
+    async def _start(self, status: int, headers: dict[str, str]) -> None:
+        all_headers = {**self._request.response_headers, **headers}
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in all_headers.items()]
+        await self._send({"type": "http.response.start", "status": status, "headers": raw})
+        self.started = True
+
+    async def _body(self, data: bytes, more: bool = True) -> None:
+        """Send body bytes; the last ones wait for `send_last`."""
+        message = {"type": "http.response.body", "body": data, "more_body": more}
+        if more:
+            await self._send(message)
+        else:
+            self._last = message
+
+    async def send_last(self) -> None:
+        """Send the response's last bytes (nothing when the client went away)."""
+        if self._last is not None:
+            await self._send(self._last)
+
+
+# -- routes ------------------------------------------------------------------------------
 
 router = APIRouter()
 
