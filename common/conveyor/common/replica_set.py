@@ -28,6 +28,7 @@ import grpc
 from redis.exceptions import RedisError
 
 from conveyor.common.grpc_client import DEFAULT_KEEPALIVE, Keepalive, is_serving, open_channel
+from conveyor.common.left_out import LeftOut
 from conveyor.common.service_registry import DEFAULT_TTL_S, ReplicaEntry, ServiceRegistry
 
 log = logging.getLogger("conveyor.replicas")
@@ -85,12 +86,11 @@ class ReplicaSet:
         self._registry = registry
         self._static = list(static_addresses)
         self._refresh_s = refresh_s
-        self._unreachable_for_s = unreachable_for_s
         self._keepalive = keepalive
         self._addresses: list[str] = list(static_addresses)
         self._listed = asyncio.Event()
         self._refresher: asyncio.Task[None] | None = None
-        self._unreachable_until: dict[str, float] = {}
+        self._left_out = LeftOut(unreachable_for_s)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._left_at: dict[str, float] = {}
         self._retire_after_s = retire_after_s
@@ -110,7 +110,7 @@ class ReplicaSet:
         """The next replica round robin, skipping `exclude` and those marked unreachable
         (unless only those are left); UNAVAILABLE when every live one is excluded."""
         live = [a for a in await self.live_addresses() if a not in exclude]
-        reachable = [a for a in live if not self._is_unreachable(a)]
+        reachable = [a for a in live if a not in self._left_out]
         candidates = reachable or live
         if not candidates:
             raise no_replica_error(self.service)
@@ -122,8 +122,7 @@ class ReplicaSet:
 
     def mark_unreachable(self, address: str) -> None:
         """A call could not reach `address`: pick around it for `unreachable_for_s`."""
-        now = asyncio.get_running_loop().time()
-        self._unreachable_until[address] = now + self._unreachable_for_s
+        self._left_out.mark(address)
 
     async def call(self, rpc: Callable[[grpc.aio.Channel], Awaitable[T]]) -> T:
         """`rpc(channel)` on one replica; when that replica fails (FAILOVER_CODES), on
@@ -174,15 +173,6 @@ class ReplicaSet:
         if channel is None:
             channel = self._channels[address] = open_channel(address, self._keepalive)
         return channel
-
-    def _is_unreachable(self, address: str) -> bool:
-        until = self._unreachable_until.get(address)
-        if until is None:
-            return False
-        if asyncio.get_running_loop().time() < until:
-            return True
-        del self._unreachable_until[address]
-        return False
 
     async def _refresh_forever(self) -> None:
         while True:

@@ -55,6 +55,7 @@ from conveyor.common.engine_registry import (
     require_decoded_responses,
 )
 from conveyor.common.grpc_client import DEFAULT_KEEPALIVE, Keepalive, open_channel
+from conveyor.common.left_out import LeftOut
 from conveyor.gateway import wire
 from conveyor.gateway.routing.settings import RoutingSettings
 from conveyor.gateway.wire import (
@@ -242,8 +243,7 @@ class EngineDirectory:
                  unreachable_for_s: float = DEFAULT_TTL_S):
         self._registry = registry
         self._static = static
-        self._unreachable_for_s = unreachable_for_s
-        self._unreachable_until: dict[str, float] = {}
+        self._left_out = LeftOut(unreachable_for_s)
         self._last_listed: dict[str | None, list[EngineEntry]] = {}
 
     async def list_live(self, model: str | None = None) -> list[EngineEntry]:
@@ -258,21 +258,11 @@ class EngineDirectory:
             entries = self._last_listed.get(model, [])
         if not entries and self._static is not None:
             entries = await self._static.list_live(model)
-        return [e for e in entries if not self._is_unreachable(e.engine_id)]
+        return [e for e in entries if e.engine_id not in self._left_out]
 
     def mark_unreachable(self, engine_id: str) -> None:
         """A request could not reach this engine: route around it for a while."""
-        now = asyncio.get_running_loop().time()
-        self._unreachable_until[engine_id] = now + self._unreachable_for_s
-
-    def _is_unreachable(self, engine_id: str) -> bool:
-        until = self._unreachable_until.get(engine_id)
-        if until is None:
-            return False
-        if asyncio.get_running_loop().time() < until:
-            return True
-        del self._unreachable_until[engine_id]
-        return False
+        self._left_out.mark(engine_id)
 
 
 # -- bindings, load policy, prefix hashes ------------------------------------------------
