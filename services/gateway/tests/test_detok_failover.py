@@ -13,8 +13,7 @@ import pytest
 from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
 from conveyor.common.replica_set import ReplicaSet
 from conveyor.common.settings import ServiceSettings
-from conveyor.gateway.detok_client import DetokClient
-from conveyor.gateway.tokenizer_client import TokenizerClient
+from conveyor.gateway.text_services import DetokClient, TokenizerClient
 from conveyor.gateway.wire import DetokOptions
 from conveyor.v1 import detok_pb2_grpc, tokenizer_pb2_grpc
 

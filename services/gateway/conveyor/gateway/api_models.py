@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.gateway.errors import APIError, bad_request, context_length_exceeded
-from conveyor.gateway.model_catalog import ServedModel
+from conveyor.gateway.text_services import ServedModel
 from conveyor.gateway.wire import ChatTurn, DetokOptions, PromptTokens, RenderInput, SamplingOptions
 
 # -- body limit --------------------------------------------------------------------------

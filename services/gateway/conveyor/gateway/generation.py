@@ -15,9 +15,9 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from conveyor.gateway.detok_client import DetokClient, DetokStream
 from conveyor.gateway.errors import EngineAborted
 from conveyor.gateway.routing.router import EngineClient, EngineStream
+from conveyor.gateway.text_services import DetokClient, DetokStream
 from conveyor.gateway.wire import (
     DetokOptions,
     DetokReply,

@@ -54,7 +54,6 @@ from conveyor.gateway.errors import (
     unavailable,
 )
 from conveyor.gateway.generation import ChoiceStream, ChoiceStreams, GenerationDelta
-from conveyor.gateway.model_catalog import ServedModel
 from conveyor.gateway.observability import DISCONNECTED_STATUS, describe_generation, record_usage
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.response_formats import (
@@ -67,6 +66,7 @@ from conveyor.gateway.routing.router import EngineClient, NoEngineAvailable
 from conveyor.gateway.tenancy.admission import TenantAdmission, engine_priority
 from conveyor.gateway.tenancy.api_keys import Tenant
 from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft
+from conveyor.gateway.text_services import ServedModel
 from conveyor.gateway.wire import GenerateJob, PromptInput, PromptTokens, UpstreamError
 
 log = logging.getLogger("conveyor.gateway.requests")

@@ -12,8 +12,6 @@ from redis.backoff import NoBackoff
 
 from conveyor.common.engine_registry import EngineRegistry
 from conveyor.common.grpc_client import Keepalive
-from conveyor.gateway.detok_client import DetokClient
-from conveyor.gateway.model_catalog import ModelCatalog
 from conveyor.gateway.observability import GatewayMetrics
 from conveyor.gateway.replica_sets import replica_set
 from conveyor.gateway.routing.router import (
@@ -26,8 +24,8 @@ from conveyor.gateway.routing.router import (
 from conveyor.gateway.settings import GatewaySettings
 from conveyor.gateway.tenancy.admission import TenantAdmitter
 from conveyor.gateway.tenancy.timeline import TimelineStore
+from conveyor.gateway.text_services import DetokClient, ModelCatalog, TokenizerClient
 from conveyor.gateway.token_texts import TokenTexts
-from conveyor.gateway.tokenizer_client import TokenizerClient
 
 log = logging.getLogger("conveyor.gateway")
 

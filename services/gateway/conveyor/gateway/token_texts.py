@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from conveyor.gateway.tokenizer_client import TokenizerClient
+from conveyor.gateway.text_services import TokenizerClient
 
 
 class TokenTexts:

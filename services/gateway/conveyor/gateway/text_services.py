@@ -1,10 +1,14 @@
-"""Client of the detok service: one bidirectional stream per generation, balanced over
-the detok replicas and rebuilt on another replica when its replica fails.
+"""Clients of the text services, balanced over their replicas, and the model they serve.
 
-A rebuilt stream re-sends its options and every token id so far (and the finish,
+The tokenizer: unary calls (render, tokenize, decode, info); a call a replica fails to
+answer is retried on another (ReplicaSet.call). `ModelCatalog` asks it once (Info) what
+model is served; the served-name setting wins.
+
+Detok: one bidirectional stream per generation. A stream whose replica fails is rebuilt
+on another replica: it re-sends its options and every token id so far (and the finish,
 if sent), and skips as much of the new stream's text as the caller already got:
-detokenization is deterministic, so the new text starts with the old. The caller
-sees one stream.
+detokenization is deterministic, so the new text starts with the old. The caller sees
+one stream.
 """
 
 from __future__ import annotations
@@ -12,15 +16,112 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 
 from conveyor.common.replica_set import Replica, ReplicaSet, is_replica_failure
 from conveyor.gateway import wire
-from conveyor.gateway.wire import DetokOptions, DetokReply, translate_rpc_errors
-from conveyor.v1 import detok_pb2_grpc
+from conveyor.gateway.errors import model_not_found
+from conveyor.gateway.wire import (
+    DetokOptions,
+    DetokReply,
+    PromptInput,
+    PromptTokens,
+    RenderInput,
+    TokenizerFacts,
+    translate_rpc_errors,
+)
+from conveyor.v1 import detok_pb2_grpc, tokenizer_pb2_grpc
 
-SERVICE = "detok"
+# -- tokenizer client --------------------------------------------------------------------
+
+TOKENIZER_SERVICE = "tokenizer"
+
+
+class TokenizerClient:
+    """Unary calls to the tokenizer replicas, each with a deadline."""
+
+    def __init__(self, replicas: ReplicaSet, rpc_timeout_s: float):
+        self._replicas = replicas
+        self._timeout_s = rpc_timeout_s
+
+    async def render(self, render: RenderInput) -> PromptTokens:
+        return wire.prompt_tokens(await self._call("Render", wire.render_request(render)))
+
+    async def tokenize(self, prompt: PromptInput) -> PromptTokens:
+        return wire.prompt_tokens(
+            await self._call("Tokenize", wire.tokenize_request(prompt)))
+
+    async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        return wire.decoded_text(await self._call(
+            "Decode", wire.decode_request(token_ids, skip_special_tokens)))
+
+    async def info(self) -> TokenizerFacts:
+        return wire.tokenizer_facts(
+            await self._call("Info", wire.tokenizer_info_request()))
+
+    async def is_serving(self) -> bool:
+        return await self._replicas.is_serving(self._timeout_s)
+
+    async def close(self) -> None:
+        await self._replicas.close()
+
+    async def _call(self, method: str, request):
+        """`method` on one replica, on another when that one does not answer."""
+        async def on(channel):
+            stub = tokenizer_pb2_grpc.TokenizerStub(channel)
+            return await getattr(stub, method)(request, timeout=self._timeout_s)
+
+        with translate_rpc_errors(TOKENIZER_SERVICE):
+            return await self._replicas.call(on)
+
+
+# -- model catalog -----------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """What requests are checked against."""
+
+    name: str
+    max_model_len: int
+    vocab_size: int
+    backend_name: str = ""
+    """The name the tokenizer and the engines serve it under (routing filters engines by
+    it); `name` differs when the gateway's served_model_name renames it for clients."""
+
+
+class ModelCatalog:
+    """Asks the tokenizer once (Info) what it serves; the served-name setting wins."""
+
+    def __init__(self, tokenizer: TokenizerClient, served_model_name: str | None):
+        self._tokenizer = tokenizer
+        self._served_model_name = served_model_name
+        self._model: ServedModel | None = None
+        self._lock = asyncio.Lock()
+
+    async def model(self) -> ServedModel:
+        """The served model; the first call asks the tokenizer (UpstreamError if it can't)."""
+        if self._model is None:
+            async with self._lock:
+                if self._model is None:
+                    facts = await self._tokenizer.info()
+                    self._model = ServedModel(self._served_model_name or facts.model,
+                                              facts.max_model_len, facts.vocab_size,
+                                              facts.model)
+        return self._model
+
+    async def resolve(self, requested: str | None) -> ServedModel:
+        """The served model if `requested` names it (or is absent); 404 otherwise."""
+        model = await self.model()
+        if requested is not None and requested != model.name:
+            raise model_not_found(requested)
+        return model
+
+
+# -- detok client ------------------------------------------------------------------------
+
+DETOK_SERVICE = "detok"
 _END = object()
 log = logging.getLogger("conveyor.gateway.detok")
 
@@ -90,7 +191,7 @@ class DetokStream:
         """The stream's replies; a replica that fails is replaced (up to the replica set's
         max_attempts replicas), its text not repeated."""
         tried: list[str] = []
-        with translate_rpc_errors(SERVICE):
+        with translate_rpc_errors(DETOK_SERVICE):
             while not self._ended:  # cancelled before a replica was picked
                 attempt = await self._open(tried)
                 if self._ended:  # cancelled while one was picked
