@@ -137,8 +137,15 @@ def test_engine_registers_its_pod_address_and_serves_metrics_on_the_scraped_port
     assert m.port_number(main, svc_port["targetPort"]) == engine.metrics_port
 
 
-def test_engines_register_where_gateways_look():
-    assert _settings("cpu", "engine").redis_prefix == _settings("cpu", "gateway").redis_prefix
+@pytest.mark.parametrize("service", ["engine", "tokenizer", "detok"])
+def test_replicas_register_their_pod_address_where_gateways_look(service):
+    """Gateways balance over the replicas registered in Redis: each registers its pod's
+    address, in the Redis (the Secret's URL) and namespace the gateways read."""
+    settings, gateway = _settings("cpu", service), _settings("cpu", "gateway")
+    host, port = settings.advertise_address.rsplit(":", 1)
+    assert host == "$(POD_IP)" and int(port) == settings.port
+    assert settings.redis_prefix == gateway.redis_prefix
+    assert settings.redis_url == gateway.redis_url  # both read from the redis Secret
 
 
 def test_redis_url_points_at_the_redis_service_with_persistence_and_noeviction():
