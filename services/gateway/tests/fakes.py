@@ -76,6 +76,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     delay_s: float = 0.0
     fail_after: int | None = None
     fail_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    fail_once: bool = False
+    """Fail only the first request that reaches `fail_after` (an engine that died)."""
     running: set[str] = field(default_factory=set)
     cancelled: list[str] = field(default_factory=list)
     requests: list = field(default_factory=list)
@@ -96,8 +98,10 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     async def _chunks(self, request, context):
         sampling = request.sampling
         num_prompt = len(request.prompt_token_ids)
-        for i in range(sampling.max_tokens):
+        for i in range(len(request.resume_output_token_ids), sampling.max_tokens):
             if self.fail_after is not None and i >= self.fail_after:
+                if self.fail_once:
+                    self.fail_after = None
                 await context.abort(self.fail_code, "fake engine failure")
             await asyncio.sleep(self.delay_s)
             token = ord(SCRIPT[i % len(SCRIPT)])

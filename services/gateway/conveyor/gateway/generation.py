@@ -53,6 +53,8 @@ class _Progress:
     num_reported: int = 0
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None
+    stopped_by_detok: bool = False
+    """Detok ended the stream at a stop string: the engine's finish no longer matters."""
 
     @property
     def num_produced(self) -> int:
@@ -161,7 +163,6 @@ class ChoiceStream:
                 raise reader.exception() from None
             raise
 
-
     async def _read_engine(self) -> None:
         """Feed the engine's tokens to detok (moving to another engine when it fails);
         on the engine's finish, let detok flush."""
@@ -171,8 +172,9 @@ class ChoiceStream:
                     self.progress.finish_reason = FinishReason.LENGTH  # only the finish lost
                     break
                 self._engine = await self._moved(failure)
-            _check_finished(self.progress.finish_reason)
-            self._detok.finish()
+            if not self.progress.stopped_by_detok:
+                _check_finished(self.progress.finish_reason)
+                self._detok.finish()
         except BaseException:
             self._detok.cancel()  # wakes the request's task, which then raises this error
             raise
@@ -197,7 +199,8 @@ async def _forward(engine_stream: EngineStream, detok_stream: DetokStream,
         async for chunk in engine_stream:
             progress.record(chunk)
             if chunk.token_ids and not detok_stream.send_tokens(chunk.token_ids):
-                return None  # detok ended the stream: a stop string matched
+                progress.stopped_by_detok = True  # detok ended the stream: a stop string
+                return None
             if chunk.finish_reason is not None:
                 break
     except UpstreamError as error:
@@ -218,8 +221,6 @@ def _is_engine_failure(error: UpstreamError | EngineAborted) -> bool:
 def _check_finished(reason: FinishReason | None) -> None:
     if reason is None:
         raise UpstreamError("engine", "INTERNAL", "the Generate stream ended without a finish")
-    if reason is FinishReason.ABORT:
-        raise EngineAborted("the engine aborted the request")
 
 
 def _retrieve_exception(task: asyncio.Task) -> None:
