@@ -55,6 +55,13 @@ async def test_only_engines_of_the_requested_model_are_candidates(registry, rout
         await router.pick(None, PROMPT, model="third-model")
 
 
+async def test_a_burst_spreads_over_engines_whose_heartbeats_look_the_same(registry, router):
+    for engine_id in ("a", "b", "c"):
+        await engine(registry, engine_id)  # idle at their last heartbeat
+    picked = [(await router.pick(None, [1, 2, 3])).engine_id for _ in range(6)]
+    assert sorted(picked) == ["a", "a", "b", "b", "c", "c"]
+
+
 async def test_least_loaded_without_session_or_hint(registry, router):
     await engine(registry, "a", running=3)
     await engine(registry, "b", running=1, waiting=1)

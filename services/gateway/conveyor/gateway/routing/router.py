@@ -38,7 +38,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from array import array
+from collections import deque
 from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -48,6 +50,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from conveyor.common.engine_registry import (
+    DEFAULT_INTERVAL_S,
     DEFAULT_TTL_S,
     EngineEntry,
     EngineLoad,
@@ -383,6 +386,37 @@ class LiveEngines(Protocol):
     async def list_live(self, model: str | None = None) -> list[EngineEntry]: ...
 
 
+class RecentPicks:
+    """The engines this gateway picked within the last heartbeat interval.
+
+    Loads come from heartbeats, up to one interval old, so a burst would otherwise pile
+    onto the engine that looked least loaded (ties going to the smaller id). A recent pick
+    counts as one more waiting request of its engine until the next heartbeat has surely
+    seen it, so the requests of a burst spread over engines of equal load.
+    """
+
+    def __init__(self, window_s: float = DEFAULT_INTERVAL_S):
+        self._window_s = window_s
+        self._times: dict[str, deque[float]] = {}
+
+    def add(self, engine_id: str) -> None:
+        self._times.setdefault(engine_id, deque()).append(time.monotonic())
+
+    def counted_in(self, engine: EngineEntry) -> EngineEntry:
+        """`engine` with its recent picks added to its waiting requests."""
+        times = self._times.get(engine.engine_id)
+        if not times:
+            return engine
+        horizon = time.monotonic() - self._window_s
+        while times and times[0] < horizon:
+            times.popleft()
+        if not times:
+            del self._times[engine.engine_id]
+            return engine
+        load = replace(engine.load, num_waiting=engine.load.num_waiting + len(times))
+        return replace(engine, load=load)
+
+
 class Router:
     """Picks an engine per request; safe to share by all requests of a gateway."""
 
@@ -396,6 +430,7 @@ class Router:
         self._block_size = block_size
         self._max_hint_blocks = max_hint_blocks
         self._model = model
+        self._recent = RecentPicks()
 
     @classmethod
     def from_settings(cls, redis: Redis, settings: RoutingSettings, *,
@@ -421,20 +456,23 @@ class Router:
         prefix-cache salt (hints never cross salts); engines in `exclude` (ids this
         request already tried) are not candidates."""
         model = model or self._model
-        engines = {e.engine_id: e for e in await self._registry.list_live(model)
-                   if e.engine_id not in exclude}
+        engines = {e.engine_id: self._recent.counted_in(e)
+                   for e in await self._registry.list_live(model) if e.engine_id not in exclude}
         if not engines:
             serving = f" serving {model!r}" if model else ""
             raise NoEngineAvailable(f"no live engine{serving} (engines register in Redis; is "
                                     "one running against the same Redis and prefix?)")
         try:
             if session_key:
-                return await self._pick_for_session(session_key, prompt_token_ids, cache_salt,
-                                                    engines)
-            return await self._pick_by_prefix(prompt_token_ids, cache_salt, engines)
+                chosen = await self._pick_for_session(session_key, prompt_token_ids, cache_salt,
+                                                      engines)
+            else:
+                chosen = await self._pick_by_prefix(prompt_token_ids, cache_salt, engines)
         except RedisError as error:  # bindings and hints are preferences: do without them
             log.warning("session bindings unavailable, routing by load: %s", error)
-            return self._policy.least_loaded(engines.values())
+            chosen = self._policy.least_loaded(engines.values())
+        self._recent.add(chosen.engine_id)
+        return chosen
 
     async def _pick_for_session(self, session_key: str, token_ids: Sequence[int],
                                 cache_salt: str, engines: Engines) -> EngineEntry:
