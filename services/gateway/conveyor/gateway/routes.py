@@ -176,10 +176,11 @@ class _Writer:
     async def fail(self, error: BaseException) -> None:
         """End the response with `error` (nothing is written when the client is gone)."""
         request = self._request
-        request.end(error)
         if isinstance(error, ClientDisconnected):
+            request.end(error)
             return
-        api_error = request.error_of(error)
+        api_error = request.error_of(error)  # mapped (and an unexpected one logged) once
+        request.end(error if isinstance(error, RequestTimedOut) else api_error)
         if self.started:
             log.info("stream ended by an error: %s %s", api_error.status, api_error.message)
             await self._body(encode_event(api_error.body()) + DONE, more=False)
