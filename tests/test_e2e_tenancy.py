@@ -202,7 +202,11 @@ def test_cli_creates_a_key_that_works_and_revokes_it(stack, auth_gateways):
     with httpx.Client(base_url=auth_gateways[1], headers=_auth(key), timeout=60) as client:
         before = client.post("/v1/completions", json=_prompt("Hi"))
         cli("revoke", key_id)
-        after = client.post("/v1/completions", json=_prompt("Hi"))
+        revoked_at = time.monotonic()
+        # the gateway trusts a key it checked for one heartbeat (API_KEY_CACHE_TTL_S, 1 s)
+        while (after := client.post("/v1/completions", json=_prompt("Hi"))).status_code == 200:
+            assert time.monotonic() - revoked_at < 1.0 + 1.0, "the revoked key still works"
+            time.sleep(0.05)
     assert before.status_code == 200, before.text
     assert _error_of(after, 401)["code"] == "invalid_api_key"
 

@@ -111,3 +111,43 @@ async def test_cli_creates_lists_and_revokes(redis, prefix, monkeypatch, capsys)
     assert await asyncio.to_thread(main, ["revoke", key_id]) == 0
     assert await asyncio.to_thread(main, ["revoke", key_id]) == 1
     assert await asyncio.to_thread(main, ["create", "--tenant", "acme", "--tier", "gold"]) == 2
+
+
+async def test_a_key_found_valid_is_trusted_for_the_cache_ttl_without_reading_redis(
+        redis, prefix, monkeypatch):
+    gateway = ApiKeyStore(redis, DEFAULT_TIERS, prefix=prefix, cache_ttl_s=60)
+    created = await gateway.create("acme", "standard")
+    assert (await gateway.authenticate(created.key)).tenant_id == "acme"
+    reads, hgetall = [], redis.hgetall
+
+    async def counted_hgetall(name):
+        reads.append(name)
+        return await hgetall(name)
+
+    monkeypatch.setattr(redis, "hgetall", counted_hgetall)
+    assert (await gateway.authenticate(created.key)).tenant_id == "acme"
+    assert reads == []
+    with pytest.raises(InvalidApiKey):  # another key is read (and refused)
+        await gateway.authenticate(created.key + "x")
+    assert len(reads) == 1
+
+
+async def test_a_key_revoked_on_another_replica_stops_working_here_within_the_ttl(
+        redis, other_redis, prefix):
+    here = ApiKeyStore(redis, DEFAULT_TIERS, prefix=prefix, cache_ttl_s=0.3)
+    elsewhere = ApiKeyStore(other_redis, DEFAULT_TIERS, prefix=prefix)
+    created = await here.create("acme", "standard")
+    await here.authenticate(created.key)
+    await elsewhere.revoke(created.record.key_id)
+    revoked_at = asyncio.get_running_loop().time()
+    await here.authenticate(created.key)  # still trusted: inside the TTL
+    with pytest.raises(InvalidApiKey):  # the replica that revokes forgets it at once
+        await elsewhere.authenticate(created.key)
+    while True:
+        try:
+            await here.authenticate(created.key)
+        except InvalidApiKey:
+            break
+        assert asyncio.get_running_loop().time() - revoked_at < 0.3 + 0.2, "still valid"
+        await asyncio.sleep(0.02)
+    assert asyncio.get_running_loop().time() - revoked_at >= 0.25

@@ -339,7 +339,8 @@ class TenantAdmitter:
         """Keys are checked when settings.auth_enabled; otherwise every request is
         the anonymous tenant of settings.anonymous_tier."""
         tiers = settings.tier_table
-        keys = ApiKeyStore(redis, tiers, prefix=settings.redis_prefix) \
+        keys = ApiKeyStore(redis, tiers, prefix=settings.redis_prefix,
+                           cache_ttl_s=settings.api_key_cache_ttl_s) \
             if settings.auth_enabled else None
         control = AdmissionControl(redis, prefix=settings.redis_prefix,
                                    period_s=settings.quota_period_s,

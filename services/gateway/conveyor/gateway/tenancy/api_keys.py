@@ -12,6 +12,12 @@ record by hashing the presented key, then compares the full stored digest with
 `hmac.compare_digest`: how long the check takes never depends on how much of
 the digest matched. (Knowing 64 bits of a digest of a 256-bit random secret
 helps no one guess the secret, so key ids can be listed and logged.)
+
+A gateway keeps each key it found valid for `cache_ttl_s` (one registry heartbeat,
+1 s, by default) and checks it against Redis again after that, so a busy key costs
+one Redis read per second, not one per request. The price: a key revoked on another
+gateway replica (or with the CLI) keeps working there for at most `cache_ttl_s`; the
+replica that revokes it forgets it at once.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import hmac
 import re
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -37,7 +43,9 @@ from conveyor.gateway.tenancy.tiers import CacheSharing, Tier
 
 KEY_PREFIX = "cvy-"
 _KEY_ID_HEX_DIGITS = 16
-_MAX_LAST_KNOWN = 100_000
+_MAX_KNOWN = 100_000
+DEFAULT_CACHE_TTL_S = 1.0
+"""How long a key found valid is taken on trust (one registry heartbeat interval)."""
 
 
 ANONYMOUS_TENANT = "anonymous"
@@ -109,15 +117,28 @@ class CreatedApiKey:
     record: ApiKeyRecord
 
 
+@dataclass(slots=True)
+class _KnownKey:
+    """A key this gateway found valid: its digest, tenant, and when Redis said so."""
+
+    digest: str
+    tenant: Tenant
+    checked_at: float = field(default_factory=time.monotonic)
+
+
 class ApiKeyStore:
     """Creates, lists, revokes and checks API keys in Redis."""
 
-    def __init__(self, redis: Redis, tiers: dict[str, Tier], *, prefix: str = "conveyor"):
+    def __init__(self, redis: Redis, tiers: dict[str, Tier], *, prefix: str = "conveyor",
+                 cache_ttl_s: float = DEFAULT_CACHE_TTL_S):
         require_decoded_responses(redis)
+        if cache_ttl_s < 0:
+            raise ValueError(f"cache_ttl_s must be >= 0, got {cache_ttl_s}")
         self._redis = redis
         self._tiers = tiers
-        self._last_known: dict[str, Tenant] = {}
-        """digest -> tenant of keys seen valid, for authenticating while Redis is down."""
+        self._cache_ttl_s = cache_ttl_s
+        self._known: dict[str, _KnownKey] = {}
+        """key_id -> keys found valid: trusted for cache_ttl_s, and while Redis is down."""
         self._prefix = prefix
 
     async def create(self, tenant_id: str, tier: str) -> CreatedApiKey:
@@ -154,28 +175,42 @@ class ApiKeyStore:
             pipe.delete(self._record_key(key_id))
             pipe.srem(self._index_key, key_id)
             deleted, _ = await pipe.execute()
+        self._known.pop(key_id, None)
         return bool(deleted)
 
     async def authenticate(self, key: str) -> Tenant:
-        """The tenant of `key`; InvalidApiKey if it is unknown or revoked. While Redis
-        cannot be reached, a key this gateway saw valid before still passes (a key revoked
-        during the outage keeps working until Redis is back); others raise RedisError."""
+        """The tenant of `key`; InvalidApiKey if it is unknown or revoked. A key found
+        valid within the last cache_ttl_s passes without a Redis read (so a revocation
+        elsewhere takes up to cache_ttl_s to reach this gateway). While Redis cannot be
+        reached, a key this gateway saw valid before still passes (a key revoked during
+        the outage keeps working until Redis is back); others raise RedisError."""
         digest = key_digest(key)
+        key_id = digest[:_KEY_ID_HEX_DIGITS]
+        known = self._known.get(key_id)
+        if known is not None and not hmac.compare_digest(known.digest, digest):
+            known = None
+        if known is not None and time.monotonic() - known.checked_at < self._cache_ttl_s:
+            return known.tenant
         try:
-            row = await self._redis.hgetall(self._record_key(digest[:_KEY_ID_HEX_DIGITS]))
+            row = await self._redis.hgetall(self._record_key(key_id))
         except RedisError:
-            if digest not in self._last_known:
+            if known is None:
                 raise
-            return self._last_known[digest]
+            return known.tenant
+        return self._check(key, digest, row)
+
+    def _check(self, key: str, digest: str, row: dict[str, str]) -> Tenant:
+        """The tenant of a key whose stored record is `row`, remembered as valid."""
+        key_id = digest[:_KEY_ID_HEX_DIGITS]
         if not row or not hmac.compare_digest(row["digest"], digest):
-            self._last_known.pop(digest, None)
+            self._known.pop(key_id, None)
             raise InvalidApiKey(key)
         tier = self._tiers.get(row["tier"])
         if tier is None:
             raise TierNotConfigured(row["tier"])
-        tenant = Tenant(row["tenant"], tier, key_id=digest[:_KEY_ID_HEX_DIGITS])
-        if len(self._last_known) < _MAX_LAST_KNOWN or digest in self._last_known:
-            self._last_known[digest] = tenant
+        tenant = Tenant(row["tenant"], tier, key_id=key_id)
+        if len(self._known) < _MAX_KNOWN or key_id in self._known:
+            self._known[key_id] = _KnownKey(digest, tenant)
         return tenant
 
     @property

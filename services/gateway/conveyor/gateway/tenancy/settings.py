@@ -28,6 +28,10 @@ class TenancySettings(BaseSettings):
                                   "without quota checks (default: refuse them with 503).")
     auth_enabled: bool = Field(True, description="Require an API key (Authorization: Bearer). "
                                "Off: every request is the anonymous tenant (local use only).")
+    api_key_cache_ttl_s: float = Field(
+        1.0, ge=0, description="How long a gateway trusts a key it found valid before asking "
+        "Redis again; a key revoked elsewhere keeps working here for at most this long "
+        "(0: ask Redis on every request).")
     anonymous_tier: str = Field("unlimited", description="Tier of the anonymous tenant when "
                                 "auth is off.")
     tiers: dict[str, dict[str, Any]] = Field(
