@@ -106,4 +106,5 @@ def _directory(settings: GatewaySettings, redis: Redis,
                               stats_timeout_s=min(settings.rpc_timeout_s, 3.0),
                               max_age_s=settings.engine_stats_max_age_s)
         static = StaticEngines(picker)
-    return EngineDirectory(EngineRegistry(redis, prefix=settings.redis_prefix), static)
+    return EngineDirectory(EngineRegistry(redis, prefix=settings.redis_prefix), static,
+                           max_age_s=settings.engine_list_max_age_s)

@@ -240,25 +240,30 @@ class StaticEngines:
 # -- live engines ------------------------------------------------------------------------
 
 class EngineDirectory:
-    """Live engines for the router (see routing.router.LiveEngines)."""
+    """Live engines for the router (see routing.router.LiveEngines).
+
+    The registry's list is kept for `max_age_s` (one heartbeat interval by default) and
+    shared by every request of the gateway: one fetch at a time refreshes it, so engines
+    cost one Redis round trip per interval, not one per request. A listing is thus at
+    most max_age_s + one heartbeat interval old: an engine that registers gets requests
+    within that, and one that left without a goodbye is routed around once a request
+    finds it unreachable (`mark_unreachable`)."""
 
     def __init__(self, registry: EngineRegistry, static: StaticEngines | None,
-                 unreachable_for_s: float = DEFAULT_TTL_S):
+                 unreachable_for_s: float = DEFAULT_TTL_S, max_age_s: float = DEFAULT_INTERVAL_S):
         self._registry = registry
         self._static = static
         self._left_out = LeftOut(unreachable_for_s)
-        self._last_listed: dict[str | None, list[EngineEntry]] = {}
+        self._max_age_s = max_age_s
+        self._listed: list[EngineEntry] = []
+        self._listed_at = float("-inf")
+        self._fetch: asyncio.Future[list[EngineEntry]] | None = None
 
     async def list_live(self, model: str | None = None) -> list[EngineEntry]:
         """Registered engines, or the static ones when none registered; minus those
         marked unreachable. While Redis is unavailable: the engines it listed last (their
         loads as they were), else the static ones."""
-        try:
-            entries = self._last_listed[model] = await self._registry.list_live(model)
-        except RedisError as error:
-            log.warning("engine registry unavailable, routing with what it listed last: %s",
-                        error)
-            entries = self._last_listed.get(model, [])
+        entries = [e for e in await self._registered() if model is None or e.model == model]
         if not entries and self._static is not None:
             entries = await self._static.list_live(model)
         return [e for e in entries if e.engine_id not in self._left_out]
@@ -266,6 +271,24 @@ class EngineDirectory:
     def mark_unreachable(self, engine_id: str) -> None:
         """A request could not reach this engine: route around it for a while."""
         self._left_out.mark(engine_id)
+
+    async def _registered(self) -> list[EngineEntry]:
+        """The registry's live engines, at most max_age_s old."""
+        if time.monotonic() - self._listed_at >= self._max_age_s:
+            if self._fetch is None or self._fetch.done():
+                self._fetch = asyncio.ensure_future(self._list_registered())
+            # Shielded: a request that is cancelled must not cancel the shared fetch.
+            await asyncio.shield(self._fetch)
+        return self._listed
+
+    async def _list_registered(self) -> list[EngineEntry]:
+        try:
+            self._listed = await self._registry.list_live()
+        except RedisError as error:  # asked again after max_age_s, not by every request
+            log.warning("engine registry unavailable, routing with what it listed last: %s",
+                        error)
+        self._listed_at = time.monotonic()
+        return self._listed
 
 
 # -- bindings, load policy, prefix hashes ------------------------------------------------
@@ -387,15 +410,16 @@ class LiveEngines(Protocol):
 
 
 class RecentPicks:
-    """The engines this gateway picked within the last heartbeat interval.
+    """The engines this gateway picked within the last `window_s`.
 
-    Loads come from heartbeats, up to one interval old, so a burst would otherwise pile
-    onto the engine that looked least loaded (ties going to the smaller id). A recent pick
-    counts as one more waiting request of its engine until the next heartbeat has surely
-    seen it, so the requests of a burst spread over engines of equal load.
+    Loads come from heartbeats, up to one interval old (and listed up to
+    EngineDirectory's max_age_s before that), so a burst would otherwise pile onto the
+    engine that looked least loaded (ties going to the smaller id). A recent pick counts
+    as one more waiting request of its engine until a listing that has surely seen it is
+    in use, so the requests of a burst spread over engines of equal load.
     """
 
-    def __init__(self, window_s: float = DEFAULT_INTERVAL_S):
+    def __init__(self, window_s: float = 2 * DEFAULT_INTERVAL_S):
         self._window_s = window_s
         self._times: dict[str, deque[float]] = {}
 
@@ -422,7 +446,8 @@ class Router:
 
     def __init__(self, registry: LiveEngines, sessions: EngineBindings,
                  prefixes: EngineBindings, policy: LoadPolicy, *, block_size: int = 16,
-                 max_hint_blocks: int = 4, model: str | None = None):
+                 max_hint_blocks: int = 4, model: str | None = None,
+                 recent_window_s: float = 2 * DEFAULT_INTERVAL_S):
         self._registry = registry
         self._sessions = sessions
         self._prefixes = prefixes
@@ -430,7 +455,7 @@ class Router:
         self._block_size = block_size
         self._max_hint_blocks = max_hint_blocks
         self._model = model
-        self._recent = RecentPicks()
+        self._recent = RecentPicks(recent_window_s)
 
     @classmethod
     def from_settings(cls, redis: Redis, settings: RoutingSettings, *,
@@ -445,7 +470,7 @@ class Router:
             EngineBindings(redis, "prefix", prefix=prefix, ttl_s=settings.prefix_hint_ttl_s),
             LoadPolicy(settings.max_waiting, settings.max_kv_usage, settings.max_imbalance),
             block_size=settings.prefix_block_size, max_hint_blocks=settings.prefix_hint_blocks,
-            model=model,
+            model=model, recent_window_s=DEFAULT_INTERVAL_S + settings.engine_list_max_age_s,
         )
 
     async def pick(self, session_key: str | None, prompt_token_ids: Sequence[int], *,

@@ -33,6 +33,9 @@ class RoutingSettings(BaseSettings):
     max_engine_attempts: int = Field(3, ge=1, description="Engines a request tries before any "
                                      "output when one is unreachable or its waiting queue is "
                                      "full; then 503 with Retry-After.")
+    engine_list_max_age_s: float = Field(
+        1.0, ge=0, description="How long a gateway routes with the engine registry's list "
+        "before reading it again (one heartbeat interval; all requests share one read).")
     max_kv_usage: float = Field(0.95, gt=0, le=1, description="An engine using more of its KV "
                                 "cache (0-1) is overloaded.")
     max_imbalance: int = Field(8, ge=0, description="A prefix hint is ignored when its engine "
