@@ -3,6 +3,8 @@
 Not thread-safe: exactly one thread drives it (AsyncEngine's loop thread, or the
 offline LLM's caller). Callers speak in their own request ids; a request with
 `n > 1` runs as n scheduler requests `f"{id}-{i}"` whose deltas carry `index = i`.
+The scheduler's `requests` is the one map of the requests it holds; each carries its
+caller's id, sample index and timing (core.request.Request).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from conveyor.engine.iteration_stats import IterationStats
 from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.request_timing import PrefillChunk, RequestTiming
 from conveyor.engine.step_result import StepResult
-from conveyor.engine.tracked_request import TrackedRequest
 
 log = logging.getLogger("conveyor.engine.core")
 
@@ -35,15 +36,18 @@ class EngineCore:
 
     def __init__(self, scheduler: Scheduler, runner: ModelRunnerLike, info: EngineInfo):
         self.scheduler = scheduler
-        self.runner = runner
-        self._runner = IsolatingRunner(runner)
+        self._isolating = IsolatingRunner(runner)
         self.info = info
-        self._tracked: dict[str, TrackedRequest] = {}
-        """Scheduler request id -> bookkeeping, for requests in the scheduler."""
         self._children: dict[str, list[str]] = {}
         """Caller request id -> its unfinished scheduler request ids (held ones included)."""
-        self._held_siblings: dict[str, list[TrackedRequest]] = {}
+        self._held_siblings: dict[str, list[Request]] = {}
         """First sample's id -> samples 1..n-1, added once its prompt is cached."""
+
+    @property
+    def runner(self) -> ModelRunnerLike:
+        """The model runner; steps go through IsolatingRunner, which pins a failure on
+        the request that caused it."""
+        return self._isolating.runner
 
     @property
     def has_unfinished_requests(self) -> bool:
@@ -87,33 +91,31 @@ class EngineCore:
         # first one's prefill, then find the whole prompt in the prefix cache.
         return self.scheduler.config.enable_prefix_caching
 
-    def _sample(self, request: EngineRequest, index: int) -> TrackedRequest:
+    def _sample(self, request: EngineRequest, index: int) -> Request:
+        """Sample `index` as a scheduler request; with a seed it draws as a request seeded
+        seed + index would (wrapped to int64, as the gateway does when it moves one)."""
         params = request.sampling_params
         request_id = request.request_id
         if params.n > 1:
             request_id = f"{request.request_id}-{index}"
-            seed = None if params.seed is None else params.seed + index
+            seed = None if params.seed is None else _wrap_int64(params.seed + index)
             params = dataclasses.replace(params, n=1, seed=seed)
-        scheduled = Request(request_id, list(request.prompt_token_ids), params,
-                            priority=request.priority, cache_salt=request.cache_salt,
-                            output_token_ids=list(request.output_token_ids),
-                            exempt_from_bounds=index > 0)
-        return TrackedRequest(scheduled, request.request_id, index,
-                              RequestTiming(request.arrival_time))
+        return Request(request_id, list(request.prompt_token_ids), params,
+                       priority=request.priority, cache_salt=request.cache_salt,
+                       output_token_ids=list(request.output_token_ids),
+                       exempt_from_bounds=index > 0, parent_id=request.request_id,
+                       sample_index=index, timing=RequestTiming(request.arrival_time))
 
-    def _submit(self, tracked: TrackedRequest) -> list[Request]:
-        shed = self.scheduler.add_request(tracked.request)
-        self._tracked[tracked.request_id] = tracked
-        return shed
+    def _submit(self, request: Request) -> list[Request]:
+        return self.scheduler.add_request(request)
 
     def _drop_shed(self, shed: list[Request]) -> dict[str, WaitingQueueFull]:
         """Forget the scheduler requests pushed out of the queue and abort the rest of
         their caller requests (a sample of n > 1 fails the whole request)."""
         errors = {}
         for request in shed:
-            tracked = self._tracked.pop(request.request_id)
-            errors[tracked.parent_id] = self.scheduler.bounds.full_error(pushed_out=True)
-            self.abort([tracked.parent_id])
+            errors[request.caller_id] = self.scheduler.bounds.full_error(pushed_out=True)
+            self.abort([request.caller_id])
         return errors
 
     def abort(self, request_ids: Iterable[str]) -> None:
@@ -121,8 +123,7 @@ class EngineCore:
         for parent_id in request_ids:
             for request_id in self._children.pop(parent_id, []):
                 self._held_siblings.pop(request_id, None)
-                if self._tracked.pop(request_id, None) is not None:
-                    self.scheduler.abort(request_id)
+                self.scheduler.abort(request_id)  # False for a held sibling: never added
 
     def step(self) -> StepResult:
         """Schedule, run the model, and report what each request gained.
@@ -135,26 +136,27 @@ class EngineCore:
         result.num_scheduled_tokens = scheduler_output.num_batched_tokens
         now = time.monotonic()
         self._mark_preempted(scheduler_output.preempted_request_ids, now)
-        prefills = self._mark_scheduled(scheduler_output.scheduled, now, result.iteration)
+        # This step's requests, looked up now: the scheduler forgets those that finish in it.
+        in_step = {item.request_id: self.scheduler.requests[item.request_id]
+                   for item in scheduler_output.scheduled}
+        prefills = self._mark_scheduled(scheduler_output.scheduled, in_step, now,
+                                        result.iteration)
         if scheduler_output.is_empty:  # close the step: aborts in it free their blocks now
             self.scheduler.update_from_output(scheduler_output, ModelRunnerOutput())
             return result
-        executed = self._runner.execute(scheduler_output)
+        executed = self._isolating.execute(scheduler_output)
         _end_chunks(prefills, time.monotonic())
         failed = self._abort_failed(executed.failures)
         updates = self.scheduler.update_from_output(scheduler_output, executed.output)
-        result.deltas = [*failed, *self._collect(updates, result.iteration)]
+        result.deltas = [*failed, *self._collect(updates, in_step, result.iteration)]
         return result
 
-    def _mark_scheduled(self, scheduled: list[ScheduledRequest], now: float,
-                        iteration: IterationStats) -> list[PrefillChunk]:
+    def _mark_scheduled(self, scheduled: list[ScheduledRequest], in_step: dict[str, Request],
+                        now: float, iteration: IterationStats) -> list[PrefillChunk]:
         """Note first schedules (queue time) and open this step's prefill chunks."""
         prefills = []
         for item in scheduled:
-            tracked = self._tracked.get(item.request_id)
-            if tracked is None:
-                continue
-            timing = tracked.timing
+            timing = in_step[item.request_id].timing
             if timing.first_scheduled_time is None:
                 timing.first_scheduled_time = now
                 iteration.queue_time.append(now - timing.arrival_time)
@@ -166,33 +168,30 @@ class EngineCore:
 
     def _mark_preempted(self, request_ids: list[str], now: float) -> None:
         for request_id in request_ids:
-            tracked = self._tracked.get(request_id)
-            if tracked is not None:
-                tracked.timing.preemption_times.append(now)
+            request = self.scheduler.requests.get(request_id)
+            if request is not None:
+                request.timing.preemption_times.append(now)
 
-    def _collect(self, updates: list[RequestUpdate], iteration: IterationStats
-                 ) -> list[RequestDelta]:
+    def _collect(self, updates: list[RequestUpdate], in_step: dict[str, Request],
+                 iteration: IterationStats) -> list[RequestDelta]:
         now = time.monotonic()
         deltas = []
         for update in updates:
-            tracked = self._tracked.get(update.request_id)
-            if tracked is None:
-                continue
-            delta = self._delta(tracked, update)
-            self._record_timing(tracked, delta, now, iteration)
+            request = in_step[update.request_id]
+            delta = self._delta(request, update)
+            self._record_timing(request, delta, now, iteration)
             if delta.finished:
-                self._finish(tracked)
+                self._finish(request)
             else:
-                self._release_siblings(tracked.request_id)
+                self._release_siblings(request.request_id)
             deltas.append(delta)
         return deltas
 
-    def _delta(self, tracked: TrackedRequest, update: RequestUpdate) -> RequestDelta:
-        request = tracked.request
+    def _delta(self, request: Request, update: RequestUpdate) -> RequestDelta:
         wants_logprobs = request.sampling_params.logprobs
         return RequestDelta(
-            request_id=tracked.parent_id,
-            index=tracked.index,
+            request_id=request.caller_id,
+            index=request.sample_index,
             new_token_ids=update.new_token_ids,
             new_logprobs=list(update.new_tokens) if wants_logprobs else None,
             finish_reason=update.finish_reason,
@@ -202,9 +201,9 @@ class EngineCore:
             num_cached_tokens=update.num_cached_tokens,
         )
 
-    def _record_timing(self, tracked: TrackedRequest, delta: RequestDelta, now: float,
+    def _record_timing(self, request: Request, delta: RequestDelta, now: float,
                        iteration: IterationStats) -> None:
-        timing = tracked.timing
+        timing = request.timing
         if delta.new_token_ids:
             iteration.num_generation_tokens += len(delta.new_token_ids)
             if timing.last_token_time is None:
@@ -219,15 +218,14 @@ class EngineCore:
             timing.finish_time = now
             delta.timing = timing
 
-    def _finish(self, tracked: TrackedRequest) -> None:
+    def _finish(self, request: Request) -> None:
         """Forget a finished scheduler request (the scheduler has freed its blocks)."""
-        self._release_siblings(tracked.request_id)
-        del self._tracked[tracked.request_id]
-        siblings = self._children.get(tracked.parent_id, [])
-        if tracked.request_id in siblings:
-            siblings.remove(tracked.request_id)
+        self._release_siblings(request.request_id)
+        siblings = self._children.get(request.caller_id, [])
+        if request.request_id in siblings:
+            siblings.remove(request.request_id)
         if not siblings:
-            self._children.pop(tracked.parent_id, None)
+            self._children.pop(request.caller_id, None)
 
     def _release_siblings(self, request_id: str) -> None:
         for sibling in self._held_siblings.pop(request_id, []):
@@ -238,18 +236,18 @@ class EngineCore:
         step ends and gives them no token."""
         deltas = []
         for request_id, exc in failures.items():
-            tracked = self._tracked.get(request_id)
-            if tracked is None:
+            request = self.scheduler.requests.get(request_id)
+            if request is None:
                 continue
             self.scheduler.abort(request_id)
             deltas.append(RequestDelta(
-                request_id=tracked.parent_id, index=tracked.index,
+                request_id=request.caller_id, index=request.sample_index,
                 finish_reason=FinishReason.ABORT,
                 error=f"model error: {type(exc).__name__}: {exc}",
-                num_prompt_tokens=tracked.request.num_prompt_tokens,
-                num_output_tokens=tracked.request.num_output_tokens,
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_output_tokens=request.num_output_tokens,
             ))
-            self._finish(tracked)
+            self._finish(request)
         return deltas
 
     def stats(self) -> EngineStats:
@@ -283,6 +281,10 @@ def _is_prefill(item: ScheduledRequest) -> bool:
 def _end_chunks(chunks: list[PrefillChunk], now: float) -> None:
     for chunk in chunks:
         chunk.end_time = now
+
+
+def _wrap_int64(value: int) -> int:
+    return (value + 2**63) % 2**64 - 2**63
 
 
 def _stop_token_of(request: Request, update: RequestUpdate) -> int | None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST
 from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.engine_request import EngineRequest
@@ -20,8 +18,9 @@ class InvalidRequestError(ValueError):
 def validate_request(request: EngineRequest, info: EngineInfo) -> None:
     """Raise InvalidRequestError saying what is wrong with `request`, if anything.
 
-    Sampling ranges are checked when SamplingParams is built (InvalidSamplingParams);
-    here, that every float is finite and every token id is inside the vocabulary.
+    Sampling ranges (and finite floats) are checked when SamplingParams is built
+    (InvalidSamplingParams); here, n against MAX_NUM_SAMPLES and that every token id is
+    inside the vocabulary.
     """
     prompt = request.prompt_token_ids
     if not prompt:
@@ -63,16 +62,14 @@ def _check_resumed_output(request: EngineRequest, info: EngineInfo) -> None:
         raise InvalidRequestError("resume_output_token_ids needs n = 1")
 
 
-_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                 "repetition_penalty")
+MAX_NUM_SAMPLES = 128
+"""Most samples (n) one request may ask for."""
 
 
 def _check_sampling(request: EngineRequest, info: EngineInfo) -> None:
     params = request.sampling_params
-    for name in _FLOAT_FIELDS:
-        value = getattr(params, name)
-        if not math.isfinite(value):
-            raise InvalidRequestError(f"{name} must be a finite number, got {value}")
+    if params.n > MAX_NUM_SAMPLES:
+        raise InvalidRequestError(f"n must be at most {MAX_NUM_SAMPLES}, got {params.n}")
     bad = next((t for t in params.stop_token_ids if not 0 <= t < info.vocab_size), None)
     if bad is not None:
         raise InvalidRequestError(f"stop_token_ids token id {bad} is out of range for the "

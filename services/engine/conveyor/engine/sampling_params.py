@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from conveyor.common.sampling_fields import SamplingKnobs, knob_problem
+
 MAX_TOP_LOGPROBS = 20
 
 
@@ -12,22 +14,17 @@ class InvalidSamplingParams(ValueError):
 
 
 @dataclass(slots=True)
-class SamplingParams:
+class SamplingParams(SamplingKnobs):
     """How to sample one request (vLLM's names and OpenAI's defaults).
 
-    temperature 0 means greedy. top_k <= 0 means no top-k cut. n > 1 runs n
-    independent samples of the same prompt (they share its cached blocks).
+    The optional knobs (temperature, top_p, top_k, min_p, seed and the penalties) and
+    their ranges are inherited from the shared table (conveyor.common.sampling_fields);
+    the fields here are the ones every request carries. temperature 0 means greedy;
+    top_k <= 0 means no top-k cut. n > 1 runs n samples of the same prompt, which
+    share its cached blocks (EngineCore).
     """
 
     n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     max_tokens: int = 16
     min_tokens: int = 0
@@ -54,16 +51,9 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise InvalidSamplingParams naming the first field out of range."""
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}")
-        _check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
-        _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
-        _check(self.top_k >= -1, "top_k", f"must be -1, 0 (all) or positive, got {self.top_k}")
-        _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
-               f"must be in [-2, 2], got {self.presence_penalty}")
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
-               f"must be in [-2, 2], got {self.frequency_penalty}")
-        _check(self.repetition_penalty > 0.0, "repetition_penalty",
-               f"must be > 0, got {self.repetition_penalty}")
+        problem = knob_problem(self)
+        if problem is not None:
+            raise InvalidSamplingParams(problem)
         _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
         _check(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
                f"must be in [0, max_tokens], got {self.min_tokens}")

@@ -16,6 +16,7 @@ import uuid
 import grpc
 
 from conveyor.common.errors import ERROR_REASON_KEY, INVALID_REQUEST, QUEUE_FULL
+from conveyor.common.sampling_fields import KNOBS
 from conveyor.engine.async_engine import AsyncEngine, EngineStoppedError, RequestFailedError
 from conveyor.engine.core.errors import DuplicateRequestId, WaitingQueueFull
 from conveyor.engine.core.request import FinishReason
@@ -37,8 +38,6 @@ _FINISH_REASONS = {
     FinishReason.ABORT: engine_pb2.FINISH_REASON_ABORT,
     FinishReason.QUEUE_FULL: engine_pb2.FINISH_REASON_ABORT,  # raised as WaitingQueueFull
 }
-_OPTIONAL_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed",
-                             "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -94,7 +93,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         engine_request = EngineRequest(
             request_id=request.request_id or f"engine-{uuid.uuid4().hex}",
             prompt_token_ids=prompt,
-            sampling_params=to_sampling_params(request.sampling, self._room_after(prompt)),
+            sampling_params=to_sampling_params(request.sampling, self._room_after(prompt),
+                                               num_samples=request.n or 1),
             priority=request.priority,
             cache_salt=request.cache_salt or None,
             output_token_ids=list(request.resume_output_token_ids),
@@ -107,16 +107,17 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         return max(1, self.engine.info.max_model_len - len(prompt))
 
 
-def to_sampling_params(proto: engine_pb2.SamplingParams, default_max_tokens: int
-                       ) -> SamplingParams:
-    """Unset optional fields keep SamplingParams' defaults; max_tokens 0 means the rest
-    of the context."""
-    values = {name: getattr(proto, name) for name in _OPTIONAL_SAMPLING_FIELDS
-              if proto.HasField(name)}
+def to_sampling_params(proto: engine_pb2.SamplingParams, default_max_tokens: int,
+                       num_samples: int = 1) -> SamplingParams:
+    """Unset optional fields (the knobs of the shared table) keep SamplingParams'
+    defaults; max_tokens 0 means the rest of the context."""
+    values = {knob.name: getattr(proto, knob.name) for knob in KNOBS
+              if proto.HasField(knob.name)}
     if values.get("top_k") == -1:
         values["top_k"] = 0
     return SamplingParams(
         **values,
+        n=num_samples,
         logit_bias=dict(proto.logit_bias),
         max_tokens=proto.max_tokens or default_max_tokens,
         min_tokens=proto.min_tokens,
@@ -129,6 +130,7 @@ def to_sampling_params(proto: engine_pb2.SamplingParams, default_max_tokens: int
 
 def to_response(delta: RequestDelta) -> engine_pb2.GenerateResponse:
     response = engine_pb2.GenerateResponse(
+        index=delta.index,
         token_ids=delta.new_token_ids,
         finish_reason=_FINISH_REASONS[delta.finish_reason],
         usage=engine_pb2.Usage(prompt_tokens=delta.num_prompt_tokens,

@@ -41,10 +41,13 @@ class FakeRunner:
         self.eos_after: int | None = None
         self.step_gate: threading.Event | None = None
         self.num_steps = 0
+        self.num_computed_tokens = 0
+        """Tokens the model was given to compute (prompt chunks and decode tokens)."""
         self.finished_seen: list[str] = []
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         self.num_steps += 1
+        self.num_computed_tokens += sum(len(s.token_ids) for s in output.scheduled)
         self.finished_seen.extend(output.finished_request_ids)
         if self.step_gate is not None:
             self.step_gate.wait(5)

@@ -66,12 +66,21 @@ def test_n_samples_fan_out_and_share_the_prompt_blocks(support):
 def test_n_samples_get_distinct_seeds(support):
     core = support.make_core()
     core.add_request(EngineRequest("p", [1, 2], SamplingParams(n=2, seed=7, max_tokens=1)))
-    seeds = [core._tracked["p-0"].request.sampling_params.seed]
+    seeds = [core.scheduler.requests["p-0"].sampling_params.seed]
     support.run_to_completion(core)
     core.add_request(EngineRequest("q", [1, 2], SamplingParams(n=2, seed=7, max_tokens=1)))
     core.step()
-    seeds.append(core._tracked["q-1"].request.sampling_params.seed)
+    seeds.append(core.scheduler.requests["q-1"].sampling_params.seed)
     assert seeds == [7, 8]
+
+
+def test_sample_seeds_wrap_at_int64_as_the_gateway_wraps_them(support):
+    core = support.make_core()
+    core.add_request(EngineRequest("p", [1, 2], SamplingParams(n=2, seed=2**63 - 1,
+                                                               max_tokens=5)))
+    core.step()  # sample 0 computes the prompt; sample 1 joins
+    requests = core.scheduler.requests
+    assert [requests[f"p-{i}"].sampling_params.seed for i in (0, 1)] == [2**63 - 1, -(2**63)]
 
 
 def test_abort_frees_blocks_and_other_requests_continue(support):

@@ -34,7 +34,7 @@ def test_a_pushed_out_request_is_returned_with_its_error_and_forgotten(support):
     assert str(error) == ("pushed out by a higher-priority request: the engine's waiting queue "
                           "is full (1 requests / unlimited tokens); retry later")
     assert core.unfinished_request_ids == ["run", "high"]
-    assert not core._held_siblings and set(core._tracked) == {"run", "high"}
+    assert not core._held_siblings and set(core.scheduler.requests) == {"run", "high"}
     assert set(core.scheduler.requests) == {"run", "high"}
     assert _finished(support.run_to_completion(core)) == {"run", "high"}
     stats = core.stats()

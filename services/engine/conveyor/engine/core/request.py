@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 
+from conveyor.engine.request_timing import RequestTiming
 from conveyor.engine.sampling_params import SamplingParams
 
 
@@ -62,6 +64,17 @@ class Request:
     """Queued past the waiting bounds and never shed: a later sample of an n > 1 request
     whose first sample was admitted."""
     block_hashes: list[bytes] = field(default_factory=list)
+    parent_id: str | None = None
+    """The caller's request id when it is not `request_id`: sample `sample_index` of an
+    n > 1 request runs as its own scheduler request."""
+    sample_index: int = 0
+    timing: RequestTiming = field(default_factory=lambda: RequestTiming(time.monotonic()))
+    """When things happened to it (EngineCore writes it; its trace spans are cut from it)."""
+
+    @property
+    def caller_id(self) -> str:
+        """The request id its caller knows (the parent's, for a sample of n > 1)."""
+        return self.parent_id if self.parent_id is not None else self.request_id
 
     @property
     def num_prompt_tokens(self) -> int:
