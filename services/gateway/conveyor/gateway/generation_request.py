@@ -11,7 +11,12 @@ second cancellation:
     choice streams (engine+detok)  cancelled, their reader tasks awaited
     quota reservation              settled: unused tokens and the concurrency slot back
     timeline                       saved with its end state (finished, cancelled, ...)
+    routing bindings               written (a new session's engine, prefix hints)
     metrics record, GenAI span     finished with the status and usage
+
+Settling, the timeline's end and the bindings are one Redis round trip; with the
+admission (its timeline start inside) and the routing read that makes three per
+request, two before the first byte (docs/architecture.md, "Redis round trips").
 
 The stages, in order: `admit` (caller, model, limits, prompts, quota), `start`
 (route, open one choice per prompt and sample, wait for the first delta), then
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack
@@ -35,6 +41,7 @@ from redis.exceptions import RedisError
 from conveyor.common.engine_registry import EngineEntry
 from conveyor.common.errors import QUEUE_FULL
 from conveyor.common.log import request_id_var
+from conveyor.common.redis_scripts import run_script_calls
 from conveyor.gateway.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -62,10 +69,10 @@ from conveyor.gateway.response_formats import (
     ResponseFormat,
     UsageTotals,
 )
-from conveyor.gateway.routing.router import EngineClient, NoEngineAvailable
+from conveyor.gateway.routing.router import EngineClient, NoEngineAvailable, PendingBindings
 from conveyor.gateway.tenancy.admission import TenantAdmission, engine_priority
 from conveyor.gateway.tenancy.api_keys import Tenant
-from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft
+from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft, TimelineWrite
 from conveyor.gateway.text_services import ServedModel
 from conveyor.gateway.wire import GenerateJob, PromptInput, PromptTokens, UpstreamError
 
@@ -143,6 +150,7 @@ class GenerationRequest:
         self._timeline = TimelineDraft(pipeline.timelines, self.request_id)
         self._admission: TenantAdmission | None = None
         self._choices = ChoiceStreams()
+        self._bindings = PendingBindings()
         self._num_moves = 0
         self._stack = AsyncExitStack()
 
@@ -181,7 +189,7 @@ class GenerationRequest:
         if pipeline.draining:
             raise unavailable("the gateway is shutting down", pipeline.settings.retry_after_s)
         self.tenant = await self._step(pipeline.admitter.authenticate(self._headers))
-        self._stack.push_async_callback(self._save_timeline)
+        self._stack.push_async_callback(self._write_the_end)
         self.model = await self._step(pipeline.catalog.resolve(body.model))
         check_limits(body, self.model, pipeline.settings.max_n)
         self._priority = engine_priority(self.tenant.tier, body.priority)
@@ -191,11 +199,13 @@ class GenerationRequest:
         num_prompt_tokens = sum(p.num_tokens for p in self._prompts)
         self._admission = pipeline.admitter.admission(self.tenant, num_prompt_tokens,
                                                       sum(self._max_tokens) * body.n)
-        self._stack.push_async_callback(self._settle)
-        await self._step(self._reserve())
+        admitted_at = time.time()
+        await self._step(self._reserve(self._timeline.pending(
+            self.tenant.tenant_id, admitted=admitted_at, num_prompt_tokens=num_prompt_tokens)))
         self.response_headers.update(self._admission.rate_limit_headers)
-        self._timeline.mark(Stage.ADMITTED, num_prompt_tokens=num_prompt_tokens)
-        await self._step(self._save_timeline())
+        self._timeline.mark(Stage.ADMITTED, at=admitted_at, num_prompt_tokens=num_prompt_tokens)
+        if not self._admission.carries_timeline:
+            await self._step(self._save_timeline())
 
     # -- stage 2: route and start -------------------------------------------------------
 
@@ -227,7 +237,7 @@ class GenerationRequest:
     async def _pick(self, tried: list[str]) -> EngineEntry:
         engine = await self._step(self.pipeline.router.pick(
             self.session_key, self._prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
-            model=self.model.backend_name, exclude=tried))
+            model=self.model.backend_name, exclude=tried, pending=self._bindings))
         self.response_headers[ENGINE_HEADER] = engine.engine_id
         return engine
 
@@ -273,7 +283,8 @@ class GenerationRequest:
         try:
             engine = await self.pipeline.router.pick(
                 self.session_key, self._prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
-                model=self.model.backend_name, exclude=[failed_engine_id])
+                model=self.model.backend_name, exclude=[failed_engine_id],
+                pending=self._bindings)
         except (NoEngineAvailable, RedisError) as error:
             log.warning("engine %s failed mid-stream and no other can take over: %s",
                         failed_engine_id, error)
@@ -312,31 +323,37 @@ class GenerationRequest:
         self.check()
         return result
 
-    async def _reserve(self) -> None:
-        """Reserve the quota; while Redis is unavailable, refuse (503) unless the
-        quota_fail_open setting serves the request unmetered."""
+    async def _reserve(self, timeline: TimelineWrite) -> None:
+        """Reserve the quota, writing `timeline` with it; while Redis is unavailable,
+        refuse (503) unless the quota_fail_open setting serves the request unmetered
+        (its timeline unwritten)."""
         try:
-            await self._admission.reserve()
+            await self._admission.reserve(timeline)
         except RedisError as error:
             if not self.pipeline.settings.quota_fail_open:
                 raise
             log.warning("Redis unavailable, serving without a quota check: %s", error)
 
-    async def _settle(self) -> None:
-        """Return what the request did not use; all of it when it produced nothing."""
+    async def _write_the_end(self) -> None:
+        """One round trip: settle (return what the request did not use; all of it when
+        it produced nothing), the timeline with its end state, the routing bindings."""
+        counts = {} if self.usage is None else {
+            "num_completion_tokens": self.usage.num_tokens_spent,
+            "num_cached_tokens": self.usage.cached_tokens}
+        self._timeline.mark(Stage.FINISHED, finish_reason=self.outcome.end_state, **counts)
+        timeline = self._timeline.pending(self.tenant.tenant_id)
         usage = self.usage if self.usage and self.usage.num_tokens_seen else None
+        settle = self._admission and self._admission.settle_call(
+            usage and _Spent(usage.num_tokens_spent), timeline)
+        calls = [settle or self.pipeline.timelines.write_call(timeline), *self._bindings.calls]
         try:
-            await self._admission.settle(usage and _Spent(usage.num_tokens_spent))
-        except RedisError as error:  # the reservation's lease frees it later
-            log.warning("could not settle the admission: %s", error)
+            await run_script_calls(self.pipeline.redis, calls)
+        except RedisError as error:  # an unsettled reservation frees itself at its lease
+            log.warning("could not settle or write the timeline of %s: %s",
+                        self.request_id, error)
 
     async def _save_timeline(self) -> None:
-        """Save the timeline (once admitted, and with its end state at the end)."""
-        if self.outcome is not None:
-            counts = {} if self.usage is None else {
-                "num_completion_tokens": self.usage.num_tokens_spent,
-                "num_cached_tokens": self.usage.cached_tokens}
-            self._timeline.mark(Stage.FINISHED, finish_reason=self.outcome.end_state, **counts)
+        """Save the timeline so far, where the admission did not carry it (a batch line)."""
         try:
             await self._timeline.save(self.tenant.tenant_id)
         except RedisError as error:  # a timeline is for looking at, never a reason to fail

@@ -42,11 +42,12 @@ import time
 from array import array
 from collections import deque
 from collections.abc import AsyncIterator, Collection, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import grpc
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from conveyor.common.engine_registry import (
@@ -59,6 +60,7 @@ from conveyor.common.engine_registry import (
 )
 from conveyor.common.grpc_client import DEFAULT_KEEPALIVE, Keepalive, open_channel
 from conveyor.common.left_out import LeftOut
+from conveyor.common.redis_scripts import ScriptCall, run_script_calls
 from conveyor.gateway import wire
 from conveyor.gateway.routing.settings import RoutingSettings
 from conveyor.gateway.wire import (
@@ -326,20 +328,42 @@ class EngineBindings:
             return []
         return await self._redis.mget([self._key(name) for name in names])
 
+    @property
+    def redis(self) -> Redis:
+        return self._redis
+
+    def pipeline(self) -> Pipeline:
+        """A pipeline (not a transaction) on these bindings' Redis, for `queue_*`."""
+        return self._redis.pipeline(transaction=False)
+
+    def queue_get(self, pipe: Pipeline, name: str) -> None:
+        """Queue `get(name)` on a pipeline (its reply: the bound engine id or None)."""
+        pipe.getex(self._key(name), px=self._ttl_ms)
+
+    def queue_get_many(self, pipe: Pipeline, names: Sequence[str]) -> None:
+        """Queue `get_many(names)` (non-empty) on a pipeline."""
+        pipe.mget([self._key(name) for name in names])
+
     async def bind(self, name: str, engine_id: str, *, replacing: str | None = None) -> str:
         """Bind `name` to `engine_id` if it is unbound or still bound to `replacing`;
         returns the engine id the name is bound to afterwards (maybe another
         gateway's choice)."""
-        return await self._bind(keys=[self._key(name)],
-                                args=[engine_id, replacing or "", self._ttl_ms])
+        call = self.bind_call(name, engine_id, replacing=replacing)
+        return await call.script(keys=call.keys, args=call.args)
+
+    def bind_call(self, name: str, engine_id: str, *, replacing: str | None = None) -> ScriptCall:
+        """`bind` as a script call, to run with others in one round trip
+        (common.redis_scripts); its reply is `bind`'s."""
+        return ScriptCall(self._bind, [self._key(name)],
+                          [engine_id, replacing or "", self._ttl_ms])
 
     async def bind_many(self, bindings: Sequence[tuple[str, str, str | None]]) -> list[str]:
-        """`bind` for several (name, engine_id, replacing) in one round trip."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for name, engine_id, replacing in bindings:
-                await self._bind(keys=[self._key(name)],
-                                 args=[engine_id, replacing or "", self._ttl_ms], client=pipe)
-            return await pipe.execute()
+        """`bind` for several (name, engine_id, replacing) in one round trip (a pipeline
+        of EVALSHAs: redis-py's own script pipelines ask SCRIPT EXISTS first, a second
+        round trip)."""
+        return await run_script_calls(self._redis, [
+            self.bind_call(name, engine_id, replacing=replacing)
+            for name, engine_id, replacing in bindings])
 
     async def unbind(self, name: str) -> None:
         await self._redis.delete(self._key(name))
@@ -441,6 +465,14 @@ class RecentPicks:
         return replace(engine, load=load)
 
 
+@dataclass(slots=True)
+class PendingBindings:
+    """The binding writes a request's last pick left for later (`Router.pick`'s
+    `pending`); a later pick of the same request (its stream moved) replaces them."""
+
+    calls: list[ScriptCall] = field(default_factory=list)
+
+
 class Router:
     """Picks an engine per request; safe to share by all requests of a gateway."""
 
@@ -475,11 +507,20 @@ class Router:
 
     async def pick(self, session_key: str | None, prompt_token_ids: Sequence[int], *,
                    cache_salt: str = "", model: str | None = None,
-                   exclude: Collection[str] = ()) -> EngineEntry:
+                   exclude: Collection[str] = (),
+                   pending: PendingBindings | None = None) -> EngineEntry:
         """The engine for this request; NoEngineAvailable when none serving `model` (else
         the router's own model, else any) is live. `cache_salt` is the tenant's
         prefix-cache salt (hints never cross salts); engines in `exclude` (ids this
-        request already tried) are not candidates."""
+        request already tried) are not candidates.
+
+        Reading the session's binding and the prompt's hints is one Redis round trip.
+        The bindings the pick makes (a new or moved session, prefix hints) are written
+        at once (a second round trip, and a session then goes where racing gateways
+        agreed), or, with `pending`, left there for the caller to write later: a
+        request writes them with its settlement, so two gateways racing on a session's
+        first requests may each serve one on its own engine, and the session's next
+        request goes where the first write put it."""
         model = model or self._model
         engines = {e.engine_id: self._recent.counted_in(e)
                    for e in await self._registry.list_live(model) if e.engine_id not in exclude}
@@ -488,25 +529,49 @@ class Router:
             raise NoEngineAvailable(f"no live engine{serving} (engines register in Redis; is "
                                     "one running against the same Redis and prefix?)")
         try:
-            if session_key:
-                chosen = await self._pick_for_session(session_key, prompt_token_ids, cache_salt,
-                                                      engines)
-            else:
-                chosen = await self._pick_by_prefix(prompt_token_ids, cache_salt, engines)
+            chosen = await self._choose(session_key, prompt_token_ids, cache_salt, engines,
+                                        pending)
         except RedisError as error:  # bindings and hints are preferences: do without them
             log.warning("session bindings unavailable, routing by load: %s", error)
             chosen = self._policy.least_loaded(engines.values())
         self._recent.add(chosen.engine_id)
         return chosen
 
-    async def _pick_for_session(self, session_key: str, token_ids: Sequence[int],
-                                cache_salt: str, engines: Engines) -> EngineEntry:
-        bound = await self._sessions.get(session_key)
+    async def _choose(self, session_key: str | None, token_ids: Sequence[int], cache_salt: str,
+                      engines: Engines, pending: PendingBindings | None) -> EngineEntry:
+        hashes = prefix_block_hashes(token_ids, self._block_size, self._max_hint_blocks,
+                                     cache_salt)
+        bound, seen = await self._read_bindings(session_key, hashes)
         if bound is not None and self._may_stay(bound, engines):
-            return engines[bound]
-        candidate = await self._pick_by_prefix(token_ids, cache_salt, engines)
-        winner = await self._sessions.bind(session_key, candidate.engine_id, replacing=bound)
-        return engines.get(winner, candidate)
+            chosen, writes = engines[bound], []
+        else:
+            least = self._policy.least_loaded(engines.values())
+            chosen = self._hinted_engine(seen, engines, least) or least
+            writes = self._prefix_writes(hashes, seen, chosen, engines)
+            if session_key:
+                writes.insert(0, self._sessions.bind_call(session_key, chosen.engine_id,
+                                                          replacing=bound))
+        if pending is not None:
+            pending.calls = writes
+        elif writes:
+            replies = await run_script_calls(self._sessions.redis, writes)
+            if session_key:
+                return engines.get(replies[0], chosen)
+        return chosen
+
+    async def _read_bindings(self, session_key: str | None,
+                             hashes: list[str]) -> tuple[str | None, list[str | None]]:
+        """The session's bound engine (its TTL refreshed) and each prefix's hinted one."""
+        if not session_key and not hashes:
+            return None, []
+        async with self._sessions.pipeline() as pipe:
+            if session_key:
+                self._sessions.queue_get(pipe, session_key)
+            if hashes:
+                self._prefixes.queue_get_many(pipe, hashes)
+            replies = await pipe.execute()
+        bound = replies.pop(0) if session_key else None
+        return bound, replies[0] if hashes else []
 
     def _may_stay(self, engine_id: str, engines: Engines) -> bool:
         """A session stays unless its engine is gone, or overloaded while another is not."""
@@ -515,18 +580,6 @@ class Router:
             return False
         overloaded = self._policy.is_overloaded
         return not overloaded(engine) or all(overloaded(e) for e in engines.values())
-
-    async def _pick_by_prefix(self, token_ids: Sequence[int], cache_salt: str,
-                              engines: Engines) -> EngineEntry:
-        least = self._policy.least_loaded(engines.values())
-        hashes = prefix_block_hashes(token_ids, self._block_size, self._max_hint_blocks,
-                                     cache_salt)
-        if not hashes:
-            return least
-        seen = await self._prefixes.get_many(hashes)
-        chosen = self._hinted_engine(seen, engines, least) or least
-        await self._remember_prefixes(hashes, seen, chosen, engines)
-        return chosen
 
     def _hinted_engine(self, seen: list[str | None], engines: Engines,
                        least: EngineEntry) -> EngineEntry | None:
@@ -538,12 +591,11 @@ class Router:
                 return engine
         return None
 
-    async def _remember_prefixes(self, hashes: list[str], seen: list[str | None],
-                                 chosen: EngineEntry, engines: Engines) -> None:
+    def _prefix_writes(self, hashes: list[str], seen: list[str | None],
+                       chosen: EngineEntry, engines: Engines) -> list[ScriptCall]:
         """Hint each prefix to `chosen` where it is unhinted, hinted to a gone engine,
         or already `chosen` (refreshing it); other live engines keep their hints."""
-        await self._prefixes.bind_many([
-            (prefix_hash, chosen.engine_id, engine_id)
-            for prefix_hash, engine_id in zip(hashes, seen, strict=True)
-            if engine_id is None or engine_id not in engines or engine_id == chosen.engine_id
-        ])
+        return [self._prefixes.bind_call(prefix_hash, chosen.engine_id, replacing=engine_id)
+                for prefix_hash, engine_id in zip(hashes, seen, strict=True)
+                if engine_id is None or engine_id not in engines
+                or engine_id == chosen.engine_id]

@@ -15,12 +15,21 @@ is one subtraction from TAT.
 
 Concurrency slots are members of a sorted set scored by their lease's expiry,
 so a slot whose gateway died frees itself when the lease runs out.
+
+Both may carry the request's timeline (an optional last key, in the tenant's slot,
+and its fields as the last arguments; see timeline.TimelineWrite): ADMIT writes it
+when it admits (arrival and admission, while the request runs), SETTLE always (the
+end state), so a request's timeline costs no round trip of its own.
 """
 
-ADMIT = """
--- KEYS: 1 requests TAT, 2 tokens TAT, 3 concurrency ZSET, 4 reservation HASH
+from conveyor.gateway.tenancy.timeline import TIMELINE_LUA
+
+ADMIT = TIMELINE_LUA + """
+-- KEYS: 1 requests TAT, 2 tokens TAT, 3 concurrency ZSET, 4 reservation HASH,
+--       5 (optional) the request's timeline HASH, written when admitted
 -- ARGV: 1 request_id, 2 period_ms, 3 requests limit, 4 tokens limit,
---       5 concurrency limit (0 = unlimited for each), 6 token cost, 7 lease_ms
+--       5 concurrency limit (0 = unlimited for each), 6 token cost, 7 lease_ms,
+--       8.. (with KEYS[5]) the timeline's ttl ms and fields (write_timeline)
 -- Returns {status, refused_limit, retry_after_ms, req_remaining, req_reset_ms,
 --          tok_remaining, tok_reset_ms, concurrent}; status 1 admitted, 0 refused,
 --          -1 the token cost exceeds the whole budget, -2 request id already admitted.
@@ -93,18 +102,22 @@ local tok_ms_per_token = 0
 if tok_limit > 0 then tok_ms_per_token = period / tok_limit end
 redis.call('HSET', KEYS[4], 'tokens', cost, 'ms_per_token', string.format('%.9f', tok_ms_per_token))
 redis.call('PEXPIRE', KEYS[4], math.ceil(lease))
+if KEYS[5] then write_timeline(KEYS[5], ARGV, 8) end
 return reply(1, '', 0, new_req_tat, new_tok_tat, concurrent + 1)
 """
 
-SETTLE = """
--- KEYS: 1 tokens TAT, 2 concurrency ZSET, 3 reservation HASH
+SETTLE = TIMELINE_LUA + """
+-- KEYS: 1 tokens TAT, 2 concurrency ZSET, 3 reservation HASH,
+--       4 (optional) the request's timeline HASH, written in any case
 -- ARGV: 1 request_id, 2 tokens to return (capped at what was reserved)
 -- ARGV: 3 lease_ms (how long a settled-before-admitted tombstone is kept)
+-- ARGV: 4.. (with KEYS[4]) the timeline's ttl ms and fields (write_timeline)
 -- Returns the tokens returned, or -1 if there was nothing to settle (already
 -- settled, never admitted, or the reservation's lease ran out). Settling an id that is
 -- not admitted leaves a tombstone (a reservation hash of 0 tokens with the lease's
 -- expiry), so an ADMIT of that id that arrives later (its reply lost to a cancellation,
 -- the command still on the wire) is refused as a duplicate instead of leaking a slot.
+if KEYS[4] then write_timeline(KEYS[4], ARGV, 4) end
 local reserved = tonumber(redis.call('HGET', KEYS[3], 'tokens') or '-1')
 if reserved < 0 or redis.call('HGET', KEYS[3], 'settled') then
   redis.call('ZREM', KEYS[2], ARGV[1])
