@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis.asyncio.connection as redis_connection
 
 from conveyor.common.engine_registry import EngineEntry, EngineLoad, EngineRegistry
-from conveyor.gateway.routing.router import NoEngineAvailable, Router
+from conveyor.common.redis_scripts import run_script_calls
+from conveyor.gateway.routing.router import NoEngineAvailable, PendingBindings, Router
 from conveyor.gateway.routing.settings import RoutingSettings
 
 PROMPT = list(range(100, 148))  # three full 16-token blocks
@@ -168,6 +170,49 @@ async def test_a_hint_to_a_gone_engine_is_replaced(registry, router):
     assert (await router.pick(None, PROMPT)).engine_id == "b"
     await engine(registry, "b", running=3)  # c least loaded now; the hint says b
     assert (await router.pick(None, PROMPT)).engine_id == "b"
+
+
+async def test_a_pick_leaves_its_bindings_pending_for_the_request_to_write(
+        redis, registry, router, other_router):
+    await engine(registry, "a")
+    await engine(registry, "b", running=1)
+    pending = PendingBindings()
+    assert (await router.pick("s1", PROMPT, pending=pending)).engine_id == "a"
+    assert len(pending.calls) == 1 + 3  # the session, three prefix hints
+    await engine(registry, "a", running=4)  # b is now the least loaded
+    unwritten = await other_router.pick("s1", PROMPT[:32] + [9], pending=PendingBindings())
+    assert unwritten.engine_id == "b"  # nothing written yet: no session, no hint
+    await run_script_calls(redis, pending.calls)
+    assert (await other_router.pick("s1", PROMPT)).engine_id == "a"  # written: both follow
+    assert (await other_router.pick(None, PROMPT[:32] + [9])).engine_id == "a"
+
+
+async def test_a_later_pick_of_the_request_replaces_its_pending_bindings(
+        redis, registry, router):
+    await engine(registry, "a")
+    await engine(registry, "b", running=1)
+    pending = PendingBindings()
+    assert (await router.pick("s1", [1], pending=pending)).engine_id == "a"
+    moved = await router.pick("s1", [1], exclude=["a"], pending=pending)  # a failed
+    assert moved.engine_id == "b"
+    await run_script_calls(redis, pending.calls)
+    assert (await router.pick("s1", [1])).engine_id == "b"
+
+
+async def test_a_bound_session_and_its_hints_are_read_in_one_round_trip(
+        redis, registry, router, monkeypatch):
+    await engine(registry, "a")
+    assert (await router.pick("s1", PROMPT)).engine_id == "a"
+    sent, send = [], redis_connection.AbstractConnection.send_packed_command
+
+    async def counted(conn, command, check_health=True):
+        sent.append(command)
+        return await send(conn, command, check_health)
+
+    monkeypatch.setattr(redis_connection.AbstractConnection, "send_packed_command", counted)
+    pending = PendingBindings()
+    assert (await router.pick("s1", PROMPT, pending=pending)).engine_id == "a"
+    assert len(sent) == 2 and pending.calls == []  # the registry's list, then the bindings
 
 
 def test_routing_settings_read_the_gateway_prefix(monkeypatch):
