@@ -16,11 +16,14 @@ Only engines serving the requested model are candidates. Which engines are live:
 those registered in Redis (`--scale engine=N`; their load comes with their
 heartbeat, at most one interval old) are the truth; while none has registered, the
 configured addresses stand in (`StaticEngines`: live while they answer Stats, under
-the id their Info reports, so session bindings read the same either way). An engine a
+the id their Info reports, so session bindings read the same either way). The list is
+read once per heartbeat interval for all requests of a gateway, and an engine a
 request could not reach is left out for one registry TTL (`EngineDirectory`).
 
 Session bindings and prefix hints are compare-and-set in Redis (`EngineBindings`), so
-every gateway replica routes a session to the same engine:
+every gateway replica routes a session to the same engine. A pick reads the session's
+binding and the prompt's hints in one round trip; the bindings it makes are written
+at once, or left pending for its request to write with its settlement (`Router.pick`):
 
     {prefix}:route:{namespace}:{name}   STRING  engine_id, expires ttl_s after last use
 
