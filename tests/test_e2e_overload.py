@@ -87,7 +87,8 @@ async def _fill(engine: EngineClient, priority: int, max_tokens: int) -> list[st
     """Run one request on `engine` directly (gRPC) and stream it to its end; the
     outcome: its finish reason, or the gRPC error's reason (queue_full)."""
     job = GenerateJob(f"fill-{uuid.uuid4().hex[:8]}", list(range(100, 120)),
-                      SamplingOptions(max_tokens=max_tokens, ignore_eos=True, temperature=0),
+                      SamplingOptions(max_tokens=max_tokens, knobs={"temperature": 0},
+                                      ignore_eos=True),
                       priority=priority)
     try:
         async for chunk in engine.generate(job):

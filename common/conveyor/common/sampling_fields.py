@@ -108,3 +108,10 @@ def knob_problem(values: Any) -> str | None:
         if problem is not None:
             return f"{row.name} {problem}"
     return None
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed sample `index` of an n > 1 request draws with: seed + index, wrapped to
+    int64 (vLLM's rule). The engine fans a seeded request out with it, and the gateway
+    gives it to a sample it resubmits alone, so both draw the same."""
+    return (seed + index - INT64_MIN) % 2**64 + INT64_MIN

@@ -96,6 +96,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                 self.cancelled.append(request.request_id)
 
     async def _chunks(self, request, context):
+        """Position by position, one chunk per sample (n of them, by index)."""
         sampling = request.sampling
         num_prompt = len(request.prompt_token_ids)
         for i in range(len(request.resume_output_token_ids), sampling.max_tokens):
@@ -106,13 +107,15 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             await asyncio.sleep(self.delay_s)
             token = ord(SCRIPT[i % len(SCRIPT)])
             last = i == sampling.max_tokens - 1
-            yield engine_pb2.GenerateResponse(
-                token_ids=[token],
-                logprobs=[_logprobs(token, sampling)] if sampling.logprobs else [],
-                finish_reason=engine_pb2.FINISH_REASON_LENGTH if last else 0,
-                usage=engine_pb2.Usage(prompt_tokens=num_prompt, completion_tokens=i + 1,
-                                       cached_tokens=3),
-            )
+            for index in range(max(1, request.n)):
+                yield engine_pb2.GenerateResponse(
+                    index=index,
+                    token_ids=[token],
+                    logprobs=[_logprobs(token, sampling)] if sampling.logprobs else [],
+                    finish_reason=engine_pb2.FINISH_REASON_LENGTH if last else 0,
+                    usage=engine_pb2.Usage(prompt_tokens=num_prompt, completion_tokens=i + 1,
+                                           cached_tokens=3),
+                )
 
     async def Stats(self, request, context):
         return engine_pb2.EngineStats(num_running=len(self.running), num_blocks=10,

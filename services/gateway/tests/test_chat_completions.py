@@ -53,18 +53,18 @@ async def test_streaming_chunks_then_usage_chunk_then_done(gateway):
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
 
 
-async def test_n_choices_are_independent_streams_merged_by_index(gateway):
+async def test_n_choices_are_one_engine_call_split_by_index(gateway):
     async with gateway.client() as client:
         response = await client.post("/v1/chat/completions",
                                      json={**CHAT, "max_tokens": 3, "n": 3, "seed": 7})
         events = await sse_events(client, {**CHAT, "max_tokens": 3, "n": 2, "stream": True})
     body = response.json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in body["choices"]] == [gateway.fakes.script[:3]] * 3
     assert body["usage"]["completion_tokens"] == 9
-    assert body["usage"]["prompt_tokens"] == len("user:hi\nassistant:")
-    requests = gateway.fakes.engine.requests[:3]
-    assert len({r.request_id for r in requests}) == 3
-    assert sorted(r.sampling.seed for r in requests) == [7, 8, 9]
+    assert body["usage"]["prompt_tokens"] == len("user:hi\nassistant:")  # once, as OpenAI
+    one_call, streamed_call = gateway.fakes.engine.requests
+    assert (one_call.n, one_call.sampling.seed, streamed_call.n) == (3, 7, 2)
     streamed = {0: "", 1: ""}
     for event in events[:-1]:
         for choice in event["choices"]:

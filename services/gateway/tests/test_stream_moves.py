@@ -57,3 +57,27 @@ async def test_with_no_moves_allowed_the_client_gets_the_error_event(gateway_fac
     assert len(errors) == 1 and "unavailable" in errors[0]["message"], [
         list(r.resume_output_token_ids) for r in gateway.fakes.engine.requests]
     assert len(gateway.fakes.engine.requests) == 1
+
+
+async def test_the_samples_of_a_shared_stream_move_together_each_alone(gateway_factory, redis,
+                                                                       prefix):
+    gateway = await _two_engines(gateway_factory, redis, prefix, max_stream_moves=1)
+    async with gateway.client() as client:
+        response = await client.post("/v1/chat/completions",
+                                     json={**CHAT, "n": 3, "seed": 7})
+        events = _events(response.text)
+        timeline = (await client.get(f"/v1/requests/{response.headers['x-request-id']}")).json()
+    assert not [e for e in events if "error" in e]
+    texts = {i: "" for i in range(3)}
+    for event in events:
+        for choice in event["choices"]:
+            texts[choice["index"]] += choice["delta"].get("content") or ""
+    assert texts == {i: SCRIPT_PREFIX for i in range(3)}
+    shared, *resumed = gateway.fakes.engine.requests
+    assert shared.n == 3 and shared.sampling.seed == 7
+    # Each sample goes on alone (n = 1) with its own tokens and seed, all in one move.
+    assert sorted((r.n, r.sampling.seed) for r in resumed) == [(1, 7), (1, 8), (1, 9)]
+    assert all(list(r.resume_output_token_ids) == [ord(c) for c in SCRIPT_PREFIX[:3]]
+               for r in resumed)
+    assert len({r.request_id for r in resumed}) == 3
+    assert timeline["num_moves"] == 1

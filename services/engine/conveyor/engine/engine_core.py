@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Iterable
 
+from conveyor.common.sampling_fields import sample_seed
 from conveyor.engine.core.errors import DuplicateRequestId, WaitingQueueFull
 from conveyor.engine.core.request import FinishReason, Request
 from conveyor.engine.core.request_update import RequestUpdate
@@ -98,7 +99,7 @@ class EngineCore:
         request_id = request.request_id
         if params.n > 1:
             request_id = f"{request.request_id}-{index}"
-            seed = None if params.seed is None else _wrap_int64(params.seed + index)
+            seed = None if params.seed is None else sample_seed(params.seed, index)
             params = dataclasses.replace(params, n=1, seed=seed)
         return Request(request_id, list(request.prompt_token_ids), params,
                        priority=request.priority, cache_salt=request.cache_salt,
@@ -281,10 +282,6 @@ def _is_prefill(item: ScheduledRequest) -> bool:
 def _end_chunks(chunks: list[PrefillChunk], now: float) -> None:
     for chunk in chunks:
         chunk.end_time = now
-
-
-def _wrap_int64(value: int) -> int:
-    return (value + 2**63) % 2**64 - 2**63
 
 
 def _stop_token_of(request: Request, update: RequestUpdate) -> int | None:

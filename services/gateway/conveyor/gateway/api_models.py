@@ -19,11 +19,12 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from conveyor.common.sampling_fields import INT32_MAX, KNOBS, Knob
 from conveyor.gateway.errors import APIError, bad_request, context_length_exceeded
 from conveyor.gateway.text_services import ServedModel
 from conveyor.gateway.wire import ChatTurn, DetokOptions, PromptTokens, RenderInput, SamplingOptions
@@ -128,8 +129,7 @@ def _join(path: str, part: str) -> str:
 
 MAX_TOP_LOGPROBS = 20
 UINT32_MAX = 2**32 - 1
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-FLOAT32_MAX = 3.4028234663852886e38
+INT32_MIN = -(2**31)
 INVALID_UNICODE = "invalid_unicode"
 """Error type of a lone surrogate; its context's `param` names the field."""
 
@@ -172,23 +172,30 @@ class ChatMessage(_Body):
     tool_calls: list[dict[str, Any]] | None = None
 
 
-class _SamplingFields(_RequestBody):
+def _knob_field(knob: Knob) -> tuple[Any, Any]:
+    """A body field for one row of the shared table: None when left out, bounded by the
+    table's range (OpenAI's tighter api_le where it has one)."""
+    spec = knob.spec
+    high = spec.api_le if spec.api_le is not None else spec.le
+    bounds = {name: value for name, value in (("ge", spec.ge), ("gt", spec.gt), ("le", high))
+              if value is not None}
+    return spec.type | None, Field(None, description=spec.doc, **bounds)
+
+
+_Knobs = create_model("_Knobs", __base__=_RequestBody,
+                      **{knob.name: _knob_field(knob) for knob in KNOBS})
+"""The optional sampling parameters (temperature, top_p, seed, ...), from the shared table."""
+
+
+class _SamplingFields(_Knobs):
     """Fields chat and completions share."""
 
     model: str | None = None
     max_tokens: TokenCount | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
     n: int = Field(1, ge=1, le=INT32_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=FLOAT32_MAX)
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=UINT32_MAX)
@@ -333,19 +340,14 @@ def max_tokens_for(requested: int | None, prompt: PromptTokens, prompt_param: st
     return requested if requested is not None else room
 
 
-def sampling_options(body: GenerationBody, max_tokens: int, sample_index: int) -> SamplingOptions:
-    """The engine's sampling controls for sample `sample_index` of n (seeds differ per sample)."""
+def sampling_options(body: GenerationBody, max_tokens: int) -> SamplingOptions:
+    """The engine's sampling controls for the body's n samples of one prompt (the engine
+    gives sample i the seed + i)."""
     logprobs, top_logprobs = _logprob_request(body)
+    knobs = {knob.name: getattr(body, knob.name) for knob in KNOBS}
     return SamplingOptions(
         max_tokens=max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        min_p=body.min_p,
-        seed=None if body.seed is None else _wrap_int64(body.seed + sample_index),
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        repetition_penalty=body.repetition_penalty,
+        knobs={name: value for name, value in knobs.items() if value is not None},
         logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
         stop_token_ids=list(body.stop_token_ids or []),
         ignore_eos=body.ignore_eos,
@@ -365,10 +367,6 @@ def _logprob_request(body: GenerationBody) -> tuple[bool, int]:
     if isinstance(body, ChatCompletionRequest):
         return body.logprobs, body.top_logprobs or 0
     return body.logprobs is not None, body.logprobs or 0
-
-
-def _wrap_int64(value: int) -> int:
-    return (value + 2**63) % 2**64 - 2**63
 
 
 def detok_options(body: GenerationBody, request_id: str, prompt: PromptTokens) -> DetokOptions:

@@ -6,6 +6,10 @@ GenerationDeltas (`next_delta`). A stop-string match cancels the engine stream.
 `close()` cancels both streams and the reader and waits for the reader to let go;
 the request that opened the choice registers it for closing when it opens it
 (generation_request.py), so a choice is closed on every way out.
+
+The n samples of one prompt share one engine stream (`SharedStream`, the engine
+computes the prompt once): a demultiplexing task hands each chunk to its sample's
+`SampleFeed`, which a choice reads as it reads an engine stream of its own.
 """
 
 from __future__ import annotations
@@ -101,26 +105,92 @@ Move = Callable[[str, UpstreamError | EngineAborted],
 and client, or None when it may not move (GenerationRequest decides and records it)."""
 
 
+class SampleFeed:
+    """Sample `index`'s chunks of a SharedStream, read as an engine stream of its own:
+    iterate it for chunks; `cancel()` says this sample wants no more (the engine stream
+    is cancelled once every sample's feed is)."""
+
+    def __init__(self, shared: SharedStream, index: int):
+        self._shared = shared
+        self._index = index
+        self._queue: asyncio.Queue[EngineChunk | UpstreamError | None] = asyncio.Queue()
+        self.cancelled = False
+
+    async def __aiter__(self):
+        while (item := await self._queue.get()) is not None:
+            if isinstance(item, UpstreamError):
+                raise item
+            yield item
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            self._shared.left(self._index)
+
+    def put(self, item: EngineChunk | UpstreamError | None) -> None:
+        """The next chunk, the error that broke the stream, or None at its end."""
+        self._queue.put_nowait(item)
+
+
+class SharedStream:
+    """One engine Generate stream carrying the n samples of one prompt, split by each
+    chunk's sample index into `feeds[index]` by a task of its own. A broken stream
+    reaches every feed as its error (so each sample moves on alone: `GenerateJob.sample`);
+    its end ends every feed. `close()` cancels the stream and waits for the task."""
+
+    def __init__(self, stream: EngineStream, n: int):
+        self._stream = stream
+        self.feeds = [SampleFeed(self, index) for index in range(n)]
+        self._task = asyncio.create_task(self._split())
+        self._task.add_done_callback(_retrieve_exception)
+
+    def left(self, index: int) -> None:
+        """Feed `index` was cancelled; with the last one, the engine stream goes too."""
+        if all(feed.cancelled for feed in self.feeds):
+            self._stream.cancel()
+
+    async def close(self) -> None:
+        self._stream.cancel()
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _split(self) -> None:
+        end: UpstreamError | None = None
+        try:
+            async for chunk in self._stream:
+                if 0 <= chunk.index < len(self.feeds):
+                    self.feeds[chunk.index].put(chunk)
+        except UpstreamError as error:
+            end = error
+        for feed in self.feeds:
+            feed.put(end)
+
+
 class ChoiceStream:
-    """One running generation. Opening it starts the engine and detok streams and the
-    reader; `next_delta()` returns the next delta, None once the choice is over.
+    """One running generation. Opening it starts the detok stream and the reader over
+    `stream` (the choice's own engine stream, or its sample's feed of a shared one);
+    `next_delta()` returns the next delta, None once the choice is over.
 
     When the engine stream breaks (the engine died, drained past its timeout, or its
     node went away: UNAVAILABLE, a server-side CANCELLED, or an abort) the reader asks
-    `move` for another engine and resubmits there with the tokens produced so far as
-    output already produced (resume_output_token_ids), not as prompt: the same sampling
-    settings and budget, penalties and logprob positions as they were. Detok already
-    has those tokens, so the client's text goes on with no gap and nothing repeated.
+    `move` for another engine and resubmits `job` there (alone, n = 1) with the tokens
+    produced so far as output already produced (resume_output_token_ids), not as
+    prompt: the same sampling settings and budget, penalties and logprob positions as
+    they were. Detok already has those tokens, so the client's text goes on with no gap
+    and nothing repeated. `first_move` (default `move`) answers the first failure: the
+    samples of a shared stream leave its engine together, as one move.
     """
 
-    def __init__(self, engine: EngineClient, engine_id: str, detok: DetokClient,
-                 job: GenerateJob, detok_options: DetokOptions, move: Move | None = None):
+    def __init__(self, stream: EngineStream | SampleFeed, engine_id: str, detok: DetokClient,
+                 job: GenerateJob, detok_options: DetokOptions, move: Move | None = None,
+                 first_move: Move | None = None):
         self.progress = _Progress(TokenUsage(prompt_tokens=len(job.prompt_token_ids)))
         self.engine_id = engine_id
         self._job = job
         self._move = move
+        self._next_move = first_move or move
         self._detok = detok.open(detok_options)
-        self._engine = engine.generate(job)
+        self._engine = stream
         self._replies = aiter(self._detok.replies())
         self._reader = asyncio.create_task(self._read_engine())
         self._reader.add_done_callback(_retrieve_exception)
@@ -182,8 +252,9 @@ class ChoiceStream:
     async def _moved(self, failure: UpstreamError | EngineAborted) -> EngineStream:
         """The generation resubmitted on another engine; else the failure, raised."""
         target = None
-        if self._move is not None and _is_engine_failure(failure):
-            target = await self._move(self.engine_id, failure)
+        if self._next_move is not None and _is_engine_failure(failure):
+            target = await self._next_move(self.engine_id, failure)
+            self._next_move = self._move
         if target is None:
             raise failure
         self.engine_id, client = target
@@ -191,7 +262,7 @@ class ChoiceStream:
             self._job, resume_output_token_ids=list(self.progress.token_ids)))
 
 
-async def _forward(engine_stream: EngineStream, detok_stream: DetokStream,
+async def _forward(engine_stream: EngineStream | SampleFeed, detok_stream: DetokStream,
                    progress: _Progress) -> UpstreamError | EngineAborted | None:
     """Forward chunks until the engine finishes or detok ends the stream at a stop
     string (None), or the engine stream breaks (why it broke)."""
@@ -228,6 +299,21 @@ def _retrieve_exception(task: asyncio.Task) -> None:
         task.exception()
 
 
+def shared_move(move: Move) -> Move:
+    """`move` asked once for all the samples of one shared stream: they left the same
+    engine at the same time, so they go on together, and count as one move."""
+    lock = asyncio.Lock()
+    answers: list[tuple[str, EngineClient] | None] = []
+
+    async def moved(engine_id: str, failure: UpstreamError | EngineAborted):
+        async with lock:
+            if not answers:
+                answers.append(await move(engine_id, failure))
+        return answers[0]
+
+    return moved
+
+
 class ChoiceStreams:
     """The choices of one request, their deltas merged in arrival order.
 
@@ -237,11 +323,16 @@ class ChoiceStreams:
 
     def __init__(self) -> None:
         self.choices: list[ChoiceStream] = []
+        self._shared: list[SharedStream] = []
         self._reads: dict[asyncio.Future, int] = {}
         self._done: set[int] = set()
 
     def add(self, choice: ChoiceStream) -> None:
         self.choices.append(choice)
+
+    def add_shared(self, shared: SharedStream) -> None:
+        """A stream some of the choices read (closed after them)."""
+        self._shared.append(shared)
 
     async def next_delta(self) -> tuple[int, GenerationDelta] | None:
         """(choice index, delta) of the next output, None once every choice is over."""
@@ -265,6 +356,7 @@ class ChoiceStreams:
             read.cancel()
         await asyncio.gather(*self._reads, *(c.close() for c in self.choices),
                              return_exceptions=True)
+        await asyncio.gather(*(s.close() for s in self._shared), return_exceptions=True)
         self._reads.clear()
 
     def _start_reads(self) -> None:

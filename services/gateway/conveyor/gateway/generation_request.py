@@ -60,7 +60,15 @@ from conveyor.gateway.errors import (
     to_api_error,
     unavailable,
 )
-from conveyor.gateway.generation import ChoiceStream, ChoiceStreams, GenerationDelta
+from conveyor.gateway.generation import (
+    ChoiceStream,
+    ChoiceStreams,
+    GenerationDelta,
+    Move,
+    SampleFeed,
+    SharedStream,
+    shared_move,
+)
 from conveyor.gateway.observability import DISCONNECTED_STATUS, describe_generation, record_usage
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.response_formats import (
@@ -69,7 +77,12 @@ from conveyor.gateway.response_formats import (
     ResponseFormat,
     UsageTotals,
 )
-from conveyor.gateway.routing.router import EngineClient, NoEngineAvailable, PendingBindings
+from conveyor.gateway.routing.router import (
+    EngineClient,
+    EngineStream,
+    NoEngineAvailable,
+    PendingBindings,
+)
 from conveyor.gateway.tenancy.admission import TenantAdmission, engine_priority
 from conveyor.gateway.tenancy.api_keys import Tenant
 from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft, TimelineWrite
@@ -246,20 +259,23 @@ class GenerationRequest:
         return any(e.engine_id not in tried for e in live)
 
     async def _open_choices(self, engine: EngineEntry) -> tuple[int, GenerationDelta]:
-        """One choice per (prompt, sample); choice index = prompt index * n + sample."""
+        """One choice per (prompt, sample); choice index = prompt index * n + sample.
+        The n samples of a prompt are one Generate call (the engine computes the prompt
+        once), its stream split by sample (generation.py:SharedStream)."""
         pipeline, body = self.pipeline, self.body
         client = pipeline.engines.client(engine.address)
         self._stack.push_async_callback(self._choices.close)
         budgets = zip(self._prompts, self._max_tokens, strict=True)
         for prompt_index, (prompt, max_tokens) in enumerate(budgets):
-            for sample in range(body.n):
+            job_id = f"{self.request_id}-{'p' if body.n > 1 else ''}{prompt_index}"
+            job = GenerateJob(job_id, prompt.token_ids, sampling_options(body, max_tokens),
+                              self._priority, self.tenant.cache_salt, n=body.n)
+            streams, first_move = self._sample_streams(client, job)
+            for sample, stream in enumerate(streams):
                 choice_id = f"{self.request_id}-{prompt_index * body.n + sample}"
-                job = GenerateJob(choice_id, prompt.token_ids,
-                                  sampling_options(body, max_tokens, sample),
-                                  self._priority, self.tenant.cache_salt)
-                self._choices.add(ChoiceStream(client, engine.engine_id, pipeline.detok, job,
-                                               detok_options(body, choice_id, prompt),
-                                               self._move_choice))
+                self._choices.add(ChoiceStream(
+                    stream, engine.engine_id, pipeline.detok, job.sample(sample, choice_id),
+                    detok_options(body, choice_id, prompt), self._move_choice, first_move))
         self._timeline.mark(Stage.QUEUED, engine_id=engine.engine_id)
         describe_generation(self.kind.name, self.model.name, body.requested_max_tokens,
                             self.request_id)
@@ -270,6 +286,17 @@ class GenerationRequest:
         self._record.first_token()
         self._timeline.mark(Stage.FIRST_TOKEN)
         return first
+
+    def _sample_streams(self, client: EngineClient, job: GenerateJob
+                        ) -> tuple[list[EngineStream | SampleFeed], Move]:
+        """The engine stream of each sample of `job` and what answers their first failure:
+        for n = 1 a stream of its own; for n > 1 one stream split by sample, whose samples
+        leave a failed engine together (one move)."""
+        if job.n == 1:
+            return [client.generate(job)], self._move_choice
+        shared = SharedStream(client.generate(job), job.n)
+        self._choices.add_shared(shared)
+        return shared.feeds, shared_move(self._move_choice)
 
     async def _move_choice(self, failed_engine_id: str,
                            failure: Exception) -> tuple[str, EngineClient] | None:

@@ -12,6 +12,7 @@ code past this module that touches `*_pb2`; a failed call becomes an `UpstreamEr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -20,6 +21,7 @@ import grpc
 
 from conveyor.common.engine_registry import EngineLoad
 from conveyor.common.errors import ERROR_REASON_KEY
+from conveyor.common.sampling_fields import sample_seed
 from conveyor.v1 import detok_pb2, engine_pb2, tokenizer_pb2
 
 # -- tokenizer records -------------------------------------------------------------------
@@ -86,17 +88,12 @@ class TokenizerFacts:
 
 @dataclass(slots=True)
 class SamplingOptions:
-    """How the engine samples one request; None takes the engine's (OpenAI's) default."""
+    """How the engine samples one request. `knobs`: the optional parameters of the shared
+    table (conveyor.common.sampling_fields) the client set, by name; the engine takes the
+    table's default for the others."""
 
     max_tokens: int
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    knobs: dict[str, float | int] = field(default_factory=dict)
     logit_bias: dict[int, float] = field(default_factory=dict)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -107,7 +104,8 @@ class SamplingOptions:
 
 @dataclass(slots=True)
 class GenerateJob:
-    """One Generate call: a prompt and how to continue it."""
+    """One Generate call: a prompt and how to continue it, `n` samples of it (the engine
+    computes the prompt once; each chunk names its sample)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -116,6 +114,18 @@ class GenerateJob:
     cache_salt: str = ""
     resume_output_token_ids: list[int] = field(default_factory=list)
     """Output an earlier engine produced (a moved stream); the engine continues after it."""
+    n: int = 1
+
+    def sample(self, index: int, request_id: str) -> GenerateJob:
+        """Sample `index` of this job as a job of its own (n = 1), drawing as it does here
+        (seed + index); a sample of a shared stream moves to another engine in this form."""
+        if self.n == 1:
+            return self
+        knobs = dict(self.sampling.knobs)
+        if knobs.get("seed") is not None:
+            knobs["seed"] = sample_seed(knobs["seed"], index)
+        sampling = dataclasses.replace(self.sampling, knobs=knobs)
+        return dataclasses.replace(self, request_id=request_id, sampling=sampling, n=1)
 
 
 class FinishReason(Enum):
@@ -145,13 +155,14 @@ class TokenUsage:
 
 @dataclass(slots=True)
 class EngineChunk:
-    """Tokens the engine produced since its previous chunk."""
+    """Tokens the engine produced since its previous chunk of sample `index`."""
 
     token_ids: list[int]
     logprobs: list[PositionLogprobs]
     finish_reason: FinishReason | None
     usage: TokenUsage
     stop_token_id: int | None = None
+    index: int = 0
 
 
 @dataclass(slots=True)
@@ -236,10 +247,6 @@ _FINISH_REASONS = {
     engine_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
     engine_pb2.FINISH_REASON_ABORT: FinishReason.ABORT,
 }
-_OPTIONAL_SAMPLING_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "seed",
-    "presence_penalty", "frequency_penalty", "repetition_penalty",
-)
 
 
 # -- engine -----------------------------------------------------------------------------------
@@ -252,6 +259,7 @@ def generate_request(job: GenerateJob) -> engine_pb2.GenerateRequest:
         priority=job.priority,
         cache_salt=job.cache_salt,
         resume_output_token_ids=job.resume_output_token_ids,
+        n=job.n,
     )
 
 
@@ -265,10 +273,8 @@ def sampling_params(options: SamplingOptions) -> engine_pb2.SamplingParams:
         top_logprobs=options.top_logprobs,
         min_tokens=options.min_tokens,
     )
-    for name in _OPTIONAL_SAMPLING_FIELDS:
-        value = getattr(options, name)
-        if value is not None:
-            setattr(params, name, value)
+    for name, value in options.knobs.items():  # the proto's optional field of that name
+        setattr(params, name, value)
     return params
 
 
@@ -283,6 +289,7 @@ def engine_chunk(message: engine_pb2.GenerateResponse) -> EngineChunk:
             cached_tokens=message.usage.cached_tokens,
         ),
         stop_token_id=message.stop_token_id if message.HasField("stop_token_id") else None,
+        index=message.index,
     )
 
 
