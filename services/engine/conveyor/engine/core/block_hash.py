@@ -1,11 +1,13 @@
 """Prefix-cache hashes: a full block's hash chains its parent's hash, its tokens and extra keys.
 
 sha256 over a fixed byte encoding, not Python's `hash()`: it is the same in every
-process (Python salts `hash(str)` per process, and the cache salt is a string), so
-another service can compute the same hashes for routing hints, and a 256-bit digest
-makes an accidental collision between tenants' blocks practically impossible. The
-prefix cache still never trusts the hash alone: a hit is confirmed against the
-block's stored `BlockKey` (parent hash, token ids, extra keys).
+process and run (Python salts `hash(str)` per process, and the cache salt is a
+string), and a 256-bit digest makes an accidental collision between tenants' blocks
+practically impossible. Only the engine computes these: the gateway's prefix routing
+hints are hashes of its own (routing/router.py:prefix_block_hashes, blake2b over its
+own encoding), which name prefixes but never match these. The prefix cache never
+trusts the hash alone: a hit is confirmed against the block's stored `BlockKey`
+(parent hash, token ids, extra keys).
 """
 
 from __future__ import annotations
