@@ -61,6 +61,8 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
     async def Decode(self, request, context):
         if any(i >= VOCAB_SIZE for i in request.token_ids):  # as the real tokenizer refuses
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token id outside the vocabulary")
+        if request.each_token:
+            return tokenizer_pb2.DecodeResponse(token_texts=[chr(i) for i in request.token_ids])
         return tokenizer_pb2.DecodeResponse(text="".join(chr(i) for i in request.token_ids))
 
     async def Info(self, request, context):

@@ -70,6 +70,13 @@ async def test_decode_checks_ids(service):
         await service.decode([60000], skip_special_tokens=True)
 
 
+async def test_decode_each_gives_each_id_its_own_text(service):
+    assert await service.decode_each([19556, 2], skip_special_tokens=False) == [
+        "Hello", "<|im_end|>"]
+    with pytest.raises(InvalidRequest, match="is outside the vocabulary"):
+        await service.decode_each([2, 60000], skip_special_tokens=False)
+
+
 async def test_a_long_prompt_does_not_stall_the_event_loop(tokenizer):
     service = PromptService(PromptTokenizer(tokenizer), ChatRenderer(tokenizer), "m", 64,
                             num_workers=2, max_chars_per_token=1_000_000)  # no text limit

@@ -30,6 +30,7 @@ from conveyor.gateway.wire import (
     PromptTokens,
     RenderInput,
     TokenizerFacts,
+    UpstreamError,
     translate_rpc_errors,
 )
 from conveyor.v1 import detok_pb2_grpc, tokenizer_pb2_grpc
@@ -56,6 +57,15 @@ class TokenizerClient:
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         return wire.decoded_text(await self._call(
             "Decode", wire.decode_request(token_ids, skip_special_tokens)))
+
+    async def decode_each(self, token_ids: list[int]) -> list[str]:
+        """The text of each id alone (special tokens kept), in one call."""
+        texts = wire.decoded_token_texts(await self._call(
+            "Decode", wire.decode_request(token_ids, False, each_token=True)))
+        if len(texts) != len(token_ids):
+            raise UpstreamError("tokenizer", "INTERNAL", f"Decode gave {len(texts)} texts for "
+                                f"{len(token_ids)} token ids")
+        return texts
 
     async def info(self) -> TokenizerFacts:
         return wire.tokenizer_facts(

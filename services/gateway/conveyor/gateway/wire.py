@@ -367,12 +367,18 @@ def prompt_tokens(message: tokenizer_pb2.TokenizeResponse) -> PromptTokens:
     )
 
 
-def decode_request(token_ids: list[int], skip_special_tokens: bool) -> tokenizer_pb2.DecodeRequest:
-    return tokenizer_pb2.DecodeRequest(token_ids=token_ids, skip_special_tokens=skip_special_tokens)
+def decode_request(token_ids: list[int], skip_special_tokens: bool,
+                   each_token: bool = False) -> tokenizer_pb2.DecodeRequest:
+    return tokenizer_pb2.DecodeRequest(token_ids=token_ids, skip_special_tokens=skip_special_tokens,
+                                       each_token=each_token)
 
 
 def decoded_text(message: tokenizer_pb2.DecodeResponse) -> str:
     return message.text
+
+
+def decoded_token_texts(message: tokenizer_pb2.DecodeResponse) -> list[str]:
+    return list(message.token_texts)
 
 
 def tokenizer_info_request() -> tokenizer_pb2.TokenizerInfoRequest:

@@ -59,6 +59,9 @@ class PromptService:
     async def decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
         return await self._off_loop(self._tokenizer.decode, token_ids, skip_special_tokens)
 
+    async def decode_each(self, token_ids: list[int], skip_special_tokens: bool) -> list[str]:
+        return await self._off_loop(self._tokenizer.decode_each, token_ids, skip_special_tokens)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 

@@ -52,3 +52,9 @@ class PromptTokenizer:
         """Text of valid ids in one piece."""
         self.check_ids(token_ids, "token_ids")
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def decode_each(self, token_ids: list[int], skip_special_tokens: bool) -> list[str]:
+        """The text of each valid id alone, in order."""
+        self.check_ids(token_ids, "token_ids")
+        return [self._tokenizer.decode([token_id], skip_special_tokens=skip_special_tokens)
+                for token_id in token_ids]

@@ -36,6 +36,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         return _tokenized(prompt)
 
     async def Decode(self, request, context):
+        if request.each_token:
+            texts = await _or_abort(context, self._service.decode_each(
+                list(request.token_ids), request.skip_special_tokens))
+            return tokenizer_pb2.DecodeResponse(token_texts=texts)
         text = await _or_abort(context, self._service.decode(
             list(request.token_ids), request.skip_special_tokens))
         return tokenizer_pb2.DecodeResponse(text=text)
