@@ -64,7 +64,8 @@ def knob(type_: type, default: Any, doc: str, **bounds: float) -> Any:
 @dataclass(slots=True)
 class SamplingKnobs:
     """The optional sampling parameters and what each means when unset (OpenAI's defaults,
-    vLLM's names)."""
+    vLLM's names). A knob's default is its neutral value: a row with it is left as it is,
+    which is how the engine's sampler skips a knob no row of a step uses."""
 
     temperature: float = knob(float, 1.0, "Softmax temperature; 0 means greedy.",
                               ge=0.0, le=FLOAT32_MAX, api_le=2.0)
@@ -98,6 +99,9 @@ KNOBS: tuple[Knob, ...] = tuple(
     Knob(f.name, None if f.default is MISSING else f.default, f.metadata["knob"])
     for f in fields(SamplingKnobs))
 """The table's rows, in declaration order."""
+
+DEFAULTS: dict[str, Any] = {row.name: row.default for row in KNOBS}
+"""Each knob's default (neutral) value, by name."""
 
 
 def knob_problem(values: Any) -> str | None:

@@ -2,13 +2,16 @@
 
 Each function is vectorized over rows; rows whose parameter is neutral
 (top_k = V, top_p = 1, min_p = 0, penalty 0 or 1) come out unchanged.
+`FILTERS` run in order on the temperature-scaled logits of the sampled rows; each
+takes its knobs' per-row values from the batch (`batch.column(name)`, None when no
+row uses the knob).
 """
 
 from __future__ import annotations
 
 import torch
 
-from conveyor.engine.sampling.sampling_batch import PenaltyInputs, TokenMask
+from conveyor.engine.sampling.sampling_batch import PenaltyInputs, SamplingBatch, TokenMask
 
 
 def apply_token_mask(logits: torch.Tensor, mask: TokenMask) -> None:
@@ -37,17 +40,22 @@ def apply_penalties(logits: torch.Tensor, penalties: PenaltyInputs) -> None:
     logits -= penalties.presence[:, None] * (counts > 0)
 
 
-def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
+def apply_min_p(logits: torch.Tensor, batch: SamplingBatch) -> None:
     """Drop tokens whose probability is below min_p x the row's top probability."""
+    min_p = batch.column("min_p")
+    if min_p is None:
+        return
     probs = logits.softmax(dim=-1)
     threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
     logits.masked_fill_(probs < threshold, float("-inf"))
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
-                      top_p: torch.Tensor | None) -> None:
+def apply_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> None:
     """Keep each row's top_k best tokens, then the smallest prefix of those whose
     probability mass reaches top_p (the best token always stays)."""
+    top_k, top_p = batch.top_k, batch.column("top_p")
+    if top_k is None and top_p is None:
+        return
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     if top_k is not None:
         ranks = torch.arange(logits.shape[-1], device=logits.device)
@@ -57,3 +65,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
         mass_before = probs.cumsum(dim=-1) - probs
         sorted_logits.masked_fill_(mass_before >= top_p[:, None], float("-inf"))
     logits.scatter_(-1, order, sorted_logits)
+
+
+FILTERS = (apply_min_p, apply_top_k_top_p)
+"""What narrows the temperature-scaled distribution, in this order (vLLM's)."""

@@ -60,10 +60,8 @@ class Sampler:
         if batch.all_greedy:
             return greedy_tokens
         logits.div_(batch.temperature[:, None])
-        if batch.min_p is not None:
-            lp.apply_min_p(logits, batch.min_p)
-        if batch.top_k is not None or batch.top_p is not None:
-            lp.apply_top_k_top_p(logits, batch.top_k, batch.top_p)
+        for apply_filter in lp.FILTERS:
+            apply_filter(logits, batch)
         random_tokens = self._exponential_race(logits.softmax(dim=-1), batch)
         return torch.where(batch.greedy, greedy_tokens, random_tokens)
 

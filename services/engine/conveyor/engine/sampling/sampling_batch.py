@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from conveyor.common.sampling_fields import DEFAULTS
 from conveyor.engine.core.scheduler_output import ScheduledRequest
+from conveyor.engine.sampling_params import SamplingParams
 
 MIN_TEMPERATURE = 1e-5
 """Below this a temperature is treated as greedy (dividing by it overflows fp32)."""
@@ -46,8 +48,6 @@ class SamplingBatch:
     all_greedy: bool
     temperature: torch.Tensor
     top_k: torch.Tensor | None
-    top_p: torch.Tensor | None
-    min_p: torch.Tensor | None
     penalties: PenaltyInputs | None
     logit_bias: TokenMask | None
     min_tokens_mask: TokenMask | None
@@ -55,6 +55,14 @@ class SamplingBatch:
     """(row, generator seed) for rows with a per-request seed."""
     max_top_logprobs: int
     needs_logprobs: bool
+    params: list[SamplingParams]
+    device: torch.device
+
+    def column(self, name: str) -> torch.Tensor | None:
+        """Knob `name` of the shared table (conveyor.common.sampling_fields) per row, as
+        float32 on the batch's device; None when every row has the knob's default (its
+        neutral value), so a filter given None leaves the logits alone."""
+        return _optional([getattr(p, name) for p in self.params], DEFAULTS[name], self.device)
 
     @property
     def has_processors(self) -> bool:
@@ -75,8 +83,6 @@ class SamplingBatch:
                                     for p, g in zip(params, greedy, strict=True)], device),
             top_k=(_on_device(top_k, device)
                    if any(k < vocab_size for k in top_k) else None),
-            top_p=_optional([p.top_p for p in params], 1.0, device),
-            min_p=_optional([p.min_p for p in params], 0.0, device),
             penalties=_penalty_inputs(requests, vocab_size, device),
             logit_bias=_logit_bias(params, device),
             min_tokens_mask=_min_tokens_mask(requests, eos_token_ids, device),
@@ -84,6 +90,8 @@ class SamplingBatch:
                    for row, r in enumerate(requests) if r.sampling_params.seed is not None],
             max_top_logprobs=max((p.top_logprobs for p in params), default=0),
             needs_logprobs=any(p.logprobs or p.top_logprobs for p in params),
+            params=params,
+            device=device,
         )
 
 
