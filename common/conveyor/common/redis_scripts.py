@@ -16,7 +16,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,7 +39,10 @@ async def run_script_calls(redis: Redis, calls: Sequence[ScriptCall]) -> list[An
         replies = await pipe.execute(raise_on_error=False)
     for index, (call, reply) in enumerate(zip(calls, replies, strict=True)):
         if isinstance(reply, NoScriptError):
-            replies[index] = await call.script(keys=list(call.keys), args=list(call.args))
+            try:
+                replies[index] = await call.script(keys=list(call.keys), args=list(call.args))
+            except ResponseError as error:  # raised below, once the others ran
+                replies[index] = error
     error = next((reply for reply in replies if isinstance(reply, Exception)), None)
     if error is not None:
         raise error
