@@ -158,8 +158,9 @@ class SharedStream:
         end: UpstreamError | None = None
         try:
             async for chunk in self._stream:
-                if 0 <= chunk.index < len(self.feeds):
-                    self.feeds[chunk.index].put(chunk)
+                feed = self.feeds[chunk.index] if chunk.index < len(self.feeds) else None
+                if feed is not None and not feed.cancelled:  # else nobody reads it
+                    feed.put(chunk)
         except UpstreamError as error:
             end = error
         for feed in self.feeds:
