@@ -75,6 +75,20 @@ def test_n_two_choices_streamed_and_not(openai_client):
     assert usage.completion_tokens == whole.usage.completion_tokens
 
 
+def test_n_three_seeded_is_one_reproducible_set_of_distinct_choices(openai_client):
+    def three():
+        return openai_client.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=8, n=3, temperature=1.0, seed=5)
+
+    first, again = three(), three()
+    texts = [c.message.content for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1, 2] and all(texts)
+    assert [c.message.content for c in again.choices] == texts
+    assert len(set(texts)) > 1  # sample i draws with seed + i
+    single = openai_client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
+    assert first.usage.prompt_tokens == single.usage.prompt_tokens  # counted once
+
+
 def test_seed_reproduces_a_sampled_output(openai_client):
     def sample(seed: int) -> str:
         return openai_client.completions.create(
