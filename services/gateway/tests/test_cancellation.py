@@ -35,6 +35,33 @@ async def test_closing_a_stream_cancels_the_engine_request(gateway, wait_until):
     await wait_until(lambda: disconnects(gateway) == 1)
 
 
+async def test_closing_a_stream_of_n_choices_cancels_their_one_engine_call(gateway,
+                                                                             wait_until):
+    engine = gateway.fakes.engine
+    engine.delay_s = 0.05
+    async with gateway.client() as client, client.stream(
+            "POST", "/v1/chat/completions", json={**CHAT, "n": 3, "stream": True}) as response:
+        seen = set()
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                seen.update(c["index"] for c in json.loads(line[6:])["choices"])
+            if len(seen) == 3:
+                break
+    await wait_until(lambda: not engine.running and len(engine.cancelled) == 1)
+    assert [r.n for r in engine.requests] == [3]
+    await wait_until(lambda: gateway.fakes.detok.streams_closed == 3)
+
+
+async def test_stop_strings_end_each_choice_of_a_shared_stream(gateway):
+    async with gateway.client() as client:
+        response = await client.post("/v1/chat/completions", json={
+            **CHAT, "max_tokens": 8, "n": 2, "stop": ["th"]})
+    choices = response.json()["choices"]
+    assert [c["finish_reason"] for c in choices] == ["stop", "stop"]
+    assert [c["message"]["content"] for c in choices] == [gateway.fakes.script[:6]] * 2
+    assert len(gateway.fakes.engine.requests) == 1
+
+
 async def test_a_non_streaming_client_that_goes_away_cancels_the_engine(gateway, wait_until):
     engine = gateway.fakes.engine
     engine.delay_s = 0.05
