@@ -3,7 +3,8 @@
 Generate: INVALID_ARGUMENT (with conveyor-error-reason metadata) for a bad
 request, INTERNAL when the model failed it, ALREADY_EXISTS for a request id in
 flight, RESOURCE_EXHAUSTED (reason queue_full) when the waiting queue is full,
-UNAVAILABLE while shutting down. A cancelled stream aborts the request.
+UNAVAILABLE while shutting down. A cancelled stream aborts the request. A request
+with n > 1 streams its samples' chunks interleaved, each naming its sample (index).
 Each finished sample leaves queue / prefill / decode spans under the call's span
 (request_tracing).
 """
