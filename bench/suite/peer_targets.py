@@ -80,7 +80,7 @@ def _c1_ttft(peers: dict) -> PeerTarget:
 
 
 def _prefix_slowdown(peers: dict) -> PeerTarget:
-    label = (f"shared-prefix (512 tokens) at most {PREFIX_SLOWDOWN_MAX:.0%} slower than plain "
+    label = (f"shared-prefix at most {PREFIX_SLOWDOWN_MAX:.0%} slower than plain "
              "(concurrency 16, output tok/s)")
     plain, prefix = figures(peers, "conveyor", "c16"), figures(peers, "conveyor", "c16-prefix")
     if not plain or not prefix:

@@ -94,12 +94,12 @@ class PeerProfile:
 
 PEERS = PeerProfile(
     name="peers", input_len=256, output_len=64,
-    scenarios=(Scenario("c1", 1, 4), Scenario("c16", 16, 32),
+    scenarios=(Scenario("c1", 1, 3), Scenario("c16", 16, 32),
                Scenario("c16-prefix", 16, 32, prefix_len=512),
-               Scenario("mixed", 16, 40, mixed=True), Scenario("c64", 64, 64),
+               Scenario("mixed", 16, 32, mixed=True), Scenario("c64", 64, 64),
                Scenario("c64-prefix", 64, 64, prefix_len=512)),
-    mixed_input=(16, 1024), mixed_output=(8, 256), system_budget_s=420.0,
-    variant_scenarios=("c1", "c16", "c16-prefix"), hf_scenarios=("c1", "c16", "mixed", "c64"),
+    mixed_input=(16, 1024), mixed_output=(8, 160), system_budget_s=420.0,
+    variant_scenarios=("c1", "c16", "c16-prefix"), hf_scenarios=("c1", "c16", "mixed"),
 )
 
 PEERS_QUICK = PeerProfile(

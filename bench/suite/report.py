@@ -16,7 +16,8 @@ output throughput = generated tokens / duration; total throughput = (prompt + ge
 / duration; TTFT = send to first streamed token; TPOT = (latency - TTFT) / (output tokens - 1)
 per request; ITL = every gap between consecutive streamed chunks, pooled; E2EL = send to last
 token; percentiles are numpy's. Duration runs from the first send to the last completion. Every
-request has `ignore_eos`, so it produces exactly `max_tokens`. Model FLOP/s = 2 x parameters used
+request but those of the peer comparison's `mixed` scenario has `ignore_eos`, so it produces
+exactly `max_tokens`. Model FLOP/s = 2 x parameters used
 per token (all linear layers incl. lm_head) x (prompt + output) tokens per second."""
 
 
