@@ -22,6 +22,7 @@ def build_engine_core(settings: EngineSettings) -> EngineCore:
     """
     import torch
 
+    from conveyor.engine.model.quantized_linear import describe_weight_format
     from conveyor.engine.worker.model_runner import ModelRunner
 
     if settings.torch_threads:
@@ -32,9 +33,10 @@ def build_engine_core(settings: EngineSettings) -> EngineCore:
         raise ValueError(_in_setting_names(str(exc))) from exc
     info = _engine_info(settings, runner)
     scheduler = Scheduler(_scheduler_config(settings, info), info.eos_token_ids)
-    log.info("engine %s: %s on %s (%s, %s attention), max_model_len %d, KV %d tokens",
-             info.engine_id, info.model, runner.config.device, info.dtype,
-             info.attention_backend, info.max_model_len, info.kv_capacity_tokens)
+    log.info("engine %s: %s on %s (%s, %s attention, weights %s), max_model_len %d, "
+             "KV %d tokens", info.engine_id, info.model, runner.config.device, info.dtype,
+             info.attention_backend, describe_weight_format(runner.model),
+             info.max_model_len, info.kv_capacity_tokens)
     return EngineCore(scheduler, runner, info)
 
 
@@ -43,7 +45,8 @@ _RUNNER_NAMES = {"kv_cache_space_gib": "kv_cache_gib"}
 
 
 _ADVICE = re.compile(r"\b(raise|lower|increase|decrease|change) "
-                     r"(kv_cache_gib|memory_utilization|max_model_len|dtype|block_size)\b")
+                     r"(kv_cache_gib|memory_utilization|max_model_len|dtype|block_size"
+                     r"|weight_format)\b")
 
 
 def _in_setting_names(message: str) -> str:
@@ -60,6 +63,7 @@ def _runner_config(settings: EngineSettings):
         model=settings.model,
         device=settings.resolved_device(),
         dtype=settings.resolved_dtype(),
+        weight_format=settings.resolved_weight_format(),
         attention_backend=settings.resolved_attention_backend(),
         block_size=settings.block_size,
         max_model_len=settings.max_model_len,

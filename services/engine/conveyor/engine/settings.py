@@ -60,6 +60,11 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         "auto", description="Model dtype: auto (float32 on CPU, bfloat16 on GPU), "
         "float32, bfloat16, float16."
     )
+    weight_format: str = Field(
+        "fp32", description="Weights decode steps read (CPU, float32 only): fp32; fp16 "
+        "(fbgemm); q8_0 (8-bit blocks); q4_1 (4-bit blocks, the bundled GGUF's own, lm_head "
+        "q8_0). Prefill steps stay fp32; see docs/performance.md, weight formats.",
+    )
     attention_backend: str = Field(
         "auto", description="Attention backend: auto (torch on CPU, triton on GPU), torch, triton."
     )
@@ -115,6 +120,12 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         if self.dtype != "auto":
             return self.dtype
         return "float32" if self.resolved_device() == "cpu" else "bfloat16"
+
+    def resolved_weight_format(self) -> str:
+        from conveyor.engine.model.quantized_linear import WEIGHT_FORMATS
+
+        _check_choice("weight_format", self.weight_format, WEIGHT_FORMATS)
+        return self.weight_format
 
     def resolved_attention_backend(self) -> str:
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)

@@ -12,6 +12,7 @@ from conveyor.engine.model.cpu_linear import use_cpu_linears
 from conveyor.engine.model.gguf_convert import convert_gguf
 from conveyor.engine.model.llama import LlamaForCausalLM
 from conveyor.engine.model.model_config import ModelConfig
+from conveyor.engine.model.quantized_linear import quantize_linears
 from conveyor.engine.model.rotary_embedding import RotaryEmbedding
 from conveyor.engine.model.weight_loader import load_weights
 
@@ -33,9 +34,11 @@ def attention_spec(config: ModelConfig) -> AttentionSpec:
 
 def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu",
-               attention_backend: str = "torch") -> LlamaForCausalLM:
+               attention_backend: str = "torch",
+               weight_format: str = "fp32") -> LlamaForCausalLM:
     """Weights of `path` (any model setting) in `dtype` on `device`, in eval mode,
-    attention by backend name.
+    attention by backend name, decode steps reading `weight_format` (CPU, fp32 only;
+    quantized_linear.py).
 
     The model is built on the meta device and materialized once, so no time or
     memory goes to random initialization.
@@ -47,18 +50,24 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32,
         model = LlamaForCausalLM(config, backend)
     model = model.to_empty(device=device).to(dtype)
     load_weights(model, folder)
-    return ready_for_inference(model, dtype, device)
+    return ready_for_inference(model, dtype, device, weight_format)
 
 
 def ready_for_inference(model: LlamaForCausalLM, dtype: torch.dtype,
-                        device: str | torch.device) -> LlamaForCausalLM:
+                        device: str | torch.device,
+                        weight_format: str = "fp32") -> LlamaForCausalLM:
     """A model whose weights are in place: rotary tables computed, CPU kernels swapped
-    in on the CPU, eval mode without gradients."""
+    in on the CPU (with `weight_format`'s copy of the weights), eval mode without
+    gradients."""
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.reset_parameters()
     if torch.device(device).type == "cpu":
         use_cpu_kernels(model, dtype)
+        quantize_linears(model, weight_format)
+    elif weight_format != "fp32":
+        raise ValueError(f"weight_format {weight_format!r} has no kernel on {device}; "
+                         "use fp32 there")
     return model.eval().requires_grad_(False)
 
 

@@ -39,7 +39,8 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.model = model or load_model(config.model, dtype=config.torch_dtype,
                                          device=self.device,
-                                         attention_backend=config.backend_name)
+                                         attention_backend=config.backend_name,
+                                         weight_format=config.weight_format)
         self.model_config = self.model.config
         self.max_model_len = self._resolve_max_model_len()
         self.backend = self.model.model.layers[0].self_attn.backend

@@ -19,6 +19,8 @@ class RunnerConfig:
     """"cpu" or a CUDA device such as "cuda" / "cuda:0"."""
     dtype: str = "float32"
     """Weights and KV cache: float32 or bfloat16 on CPU; bfloat16 or float16 on GPU."""
+    weight_format: str = "fp32"
+    """What decode steps read: fp32, or a format of model/quantized_linear.py (CPU, float32)."""
     attention_backend: str | None = None
     """Backend name (attention/registry.py); None picks triton on CUDA, torch on CPU."""
     block_size: int = 16
@@ -67,6 +69,10 @@ class RunnerConfig:
         if self.dtype not in allowed:
             raise ValueError(f"dtype {self.dtype!r} is not supported on {self.device}; "
                              f"choose one of {allowed}")
+        if self.weight_format != "fp32" and (self.is_cuda or self.dtype != "float32"):
+            raise ValueError(f"weight_format {self.weight_format!r} has kernels on the CPU in "
+                             f"float32 only, not {self.dtype} on {self.device}; "
+                             "change weight_format to fp32")
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:

@@ -1,0 +1,237 @@
+"""Opt-in weight formats for the CPU linears (CONVEYOR_ENGINE_WEIGHT_FORMAT).
+
+A decode step reads every weight once, so its time follows the weight bytes: 540 MB in
+fp32 for SmolLM2-135M. A format stores the weights in fewer bytes for steps of up to
+`DECODE_MAX_ROWS` rows; larger steps (prefill) keep the fp32 CpuLinear, so they are
+unchanged, at the price of keeping the fp32 weights in memory too.
+
+- fp16: weights rounded to fp16 through fbgemm's AVX2 kernel (fp32 activations), 2 bytes a weight.
+- q8_0: blocks of 32 int8 values with an fp16 scale (llama.cpp's Q8_0), 1.06 bytes a weight.
+- q4_1: the decoder layers in blocks of 32 4-bit values with an fp16 scale and offset
+  (llama.cpp's Q4_1), 0.625 bytes a weight; the vocabulary projection in q8_0.
+
+The bundled checkpoint is itself Q4_1 with a Q8_0 token embedding, and the blocks are
+recovered from the dequantized fp32 weights exactly (the log says which share of blocks
+holds the checkpoint's values), so q4_1 computes with the same weights as fp32 and differs
+from it only in summation order. The block kernels are our own C++ (native/csrc/
+block_quant_linear.cpp, AVX2 + FMA + F16C), built once and cached; without a compiler the
+layers stay fp32 and the engine logs why.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from conveyor.engine.model.cpu_linear import CpuLinear
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_FORMATS = ("fp32", "fp16", "q8_0", "q4_1")
+"""Values of the weight_format setting; fp32 is the default (no quantized copy)."""
+LM_HEAD_FORMAT = {"fp16": "fp16", "q8_0": "q8_0", "q4_1": "q8_0"}
+"""The vocabulary projection's format under each setting (q4_1 keeps the Q8_0 of the GGUF's
+token embedding)."""
+DECODE_MAX_ROWS = 8
+"""Steps of at most this many rows use the format's kernel; larger ones the fp32 CpuLinear
+(measured: bench/weight_formats.py --rows)."""
+BLOCK = 32
+_EXTENSION = "conveyor_block_quant_linear"
+_CFLAGS_EXTRA = ("-mf16c",)
+
+warnings.filterwarnings("ignore", message=r"fbgemm_.*deprecated")
+
+
+class FormatUnavailable(RuntimeError):
+    """A weight format's kernel cannot run here (no compiler, no AVX2, no fbgemm)."""
+
+
+def block_kernels():
+    """The C++ block kernels, built on first use; raises FormatUnavailable saying why."""
+    from conveyor.engine.native import CPU_CFLAGS, NativeBuildError, load_extension
+
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        raise FormatUnavailable("the block kernels need AVX2 and this CPU lacks it")
+    try:
+        return load_extension(_EXTENSION, ["block_quant_linear.cpp"],
+                              extra_cflags=(*CPU_CFLAGS, *_CFLAGS_EXTRA))
+    except NativeBuildError as exc:
+        raise FormatUnavailable(str(exc)) from exc
+
+
+def _blocks(weight: torch.Tensor) -> torch.Tensor:
+    rows, cols = weight.shape
+    if cols % BLOCK:
+        raise ValueError(f"in_features {cols} is not a multiple of {BLOCK}")
+    return weight.detach().float().reshape(rows, cols // BLOCK, BLOCK)
+
+
+class Q8_0Weight:
+    """w = d * q per block of 32: q int8 in [-127, 127], d fp16 = max|w| / 127."""
+
+    name = "q8_0"
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        blocks = _blocks(weight)
+        self.d = (blocks.abs().amax(-1) / 127).half()
+        inverse = torch.where(self.d == 0, 0.0, 1.0 / self.d.float())
+        q = torch.round(blocks * inverse[..., None]).clamp_(-127, 127)
+        self.qs = q.to(torch.int8).reshape(weight.shape).contiguous()
+        self._kernels = block_kernels()
+
+    def dequantize(self) -> torch.Tensor:
+        rows, cols = self.qs.shape
+        blocks = self.qs.float().reshape(rows, cols // BLOCK, BLOCK)
+        return (self.d.float()[..., None] * blocks).reshape(rows, cols)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self._kernels.q8_0_linear(x, self.qs, self.d)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.nbytes + self.d.nbytes
+
+
+class Q4_1Weight:
+    """w = d * q + m per block of 32: q in 0..15, m fp16 = min(w), d fp16 = (max - min) / 15.
+    Two values a byte: weight j of a block in byte j's low nibble, weight j + 16 in its high one."""
+
+    name = "q4_1"
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        blocks = _blocks(weight)
+        low, high = blocks.amin(-1), blocks.amax(-1)
+        self.m = low.half()
+        self.d = ((high - low) / 15).half()
+        inverse = torch.where(self.d == 0, 0.0, 1.0 / self.d.float())
+        q = torch.round((blocks - self.m.float()[..., None]) * inverse[..., None]).clamp_(0, 15)
+        q = q.to(torch.uint8)
+        packed = q[..., :BLOCK // 2] | (q[..., BLOCK // 2:] << 4)
+        self.qs = packed.reshape(weight.shape[0], -1).contiguous()
+        self._kernels = block_kernels()
+
+    def dequantize(self) -> torch.Tensor:
+        rows = self.qs.shape[0]
+        packed = self.qs.reshape(rows, -1, BLOCK // 2)
+        q = torch.cat([packed & 0x0F, packed >> 4], dim=-1).float()
+        return (self.d.float()[..., None] * q + self.m.float()[..., None]).reshape(rows, -1)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self._kernels.q4_1_linear(x, self.qs, self.d, self.m)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.nbytes + self.d.nbytes + self.m.nbytes
+
+
+class Fp16Weight:
+    """The weight rounded to fp16 in fbgemm's packed layout (fp32 activations and output)."""
+
+    name = "fp16"
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.shape = weight.shape
+        try:
+            self.packed = torch.fbgemm_pack_gemm_matrix_fp16(weight.detach().float())
+        except RuntimeError as exc:  # a torch build without fbgemm
+            raise FormatUnavailable(f"fbgemm fp16 is not in this torch build ({exc})") from exc
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fbgemm_linear_fp16_weight_fp32_activation(x, self.packed, None)
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.shape[0] * self.shape[1]
+
+
+WEIGHT_CLASSES: dict[str, Callable[[torch.Tensor], object]] = {
+    "fp16": Fp16Weight, "q8_0": Q8_0Weight, "q4_1": Q4_1Weight}
+
+
+class QuantizedLinear(nn.Module):
+    """A CpuLinear whose steps of up to `max_rows` rows read `weights` (a format above)
+    instead of the fp32 weight. The fp32 layer stays for larger steps and as `dense`."""
+
+    def __init__(self, dense: CpuLinear, weights, max_rows: int = DECODE_MAX_ROWS) -> None:
+        super().__init__()
+        self.dense, self.weights, self.max_rows = dense, weights, max_rows
+        self.in_features, self.out_features = dense.in_features, dense.out_features
+
+    @property
+    def weight_format(self) -> str:
+        return self.weights.name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows > self.max_rows:
+            return self.dense(x)
+        out = self.weights.matmul(x.reshape(rows, self.in_features).contiguous())
+        if self.dense.bias is not None:
+            out += self.dense.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"format={self.weight_format}, max_rows={self.max_rows}")
+
+
+def exact_share(layer: QuantizedLinear) -> float:
+    """Share of the layer's weights its format reproduces bit for bit (1.0: lossless)."""
+    reference = layer.dense.weight.detach()
+    return float((layer.weights.dequantize() == reference).float().mean())
+
+
+def quantize_linears(model: nn.Module, weight_format: str) -> str:
+    """Give every CpuLinear under `model` a copy of its weights in `weight_format` (the
+    `lm_head` child in LM_HEAD_FORMAT's); returns the format now active: `weight_format`,
+    or "fp32" when its kernel is unavailable here (logged with the reason)."""
+    if weight_format == "fp32":
+        return "fp32"
+    if weight_format not in WEIGHT_CLASSES:
+        raise ValueError(f"weight_format {weight_format!r} is not one of "
+                         f"{', '.join(WEIGHT_FORMATS)}")
+    try:
+        _replace_linears(model, weight_format)
+    except FormatUnavailable as exc:
+        logger.warning("weight_format %s unavailable, weights stay fp32: %s", weight_format, exc)
+        return "fp32"
+    return describe_weight_format(model)
+
+
+def _replace_linears(model: nn.Module, weight_format: str) -> None:
+    targets = [(parent, name, child) for parent in model.modules()
+               for name, child in parent.named_children() if isinstance(child, CpuLinear)]
+    for parent, name, child in targets:
+        fmt = LM_HEAD_FORMAT[weight_format] if name == "lm_head" else weight_format
+        setattr(parent, name, QuantizedLinear(child, WEIGHT_CLASSES[fmt](child.weight)))
+    _log_exactness(model)
+
+
+def _log_exactness(model: nn.Module) -> None:
+    layers = [m for m in model.modules()
+              if isinstance(m, QuantizedLinear) and m.weight_format != "fp16"]
+    if not layers:
+        return
+    total = sum(m.in_features * m.out_features for m in layers)
+    exact = sum(exact_share(m) * m.in_features * m.out_features for m in layers)
+    logger.info("quantized weights reproduce %.2f%% of the fp32 values exactly "
+                "(100%% for a checkpoint already in these blocks)", 100 * exact / total)
+
+
+def describe_weight_format(model: nn.Module) -> str:
+    """The formats the model's linears read in decode steps, e.g. "q4_1 (lm_head q8_0)",
+    with the bytes one decode step reads; "fp32" when none is quantized."""
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    if not layers:
+        return "fp32"
+    head = layers.pop("lm_head", None)
+    formats = sorted({m.weight_format for m in layers.values()})
+    text = "/".join(formats)
+    if head is not None and head.weight_format not in formats:
+        text += f" (lm_head {head.weight_format})"
+    total = sum(m.weights.nbytes for m in layers.values()) + (head.weights.nbytes if head else 0)
+    return f"{text}, {total / 1e6:.0f} MB of weights per decode step"
