@@ -42,7 +42,7 @@ def test_torch_backend_matches_naive(make_random_step, block_size, group, window
 
 
 def test_registry_names_and_unknown_backend(make_random_step):
-    assert set(BACKEND_NAMES) == {"torch", "triton"}
+    assert set(BACKEND_NAMES) == {"torch", "triton", "native"}
     step = make_random_step(block_size=4, num_kv_heads=1, group=1, head_dim=8, seqs=[(0, 1)])
     with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
         create_backend("flash", step.spec)

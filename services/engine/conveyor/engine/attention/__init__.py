@@ -1,4 +1,4 @@
-"""Paged attention backends, chosen by name (`torch`, `triton`); see registry.py.
+"""Paged attention backends, chosen by name (`torch`, `triton`, `native`); see registry.py.
 
 KV pool layout (one tensor per layer, owned by the model runner):
     kv_cache[layer] : [2, num_blocks, block_size, num_kv_heads, head_dim]

@@ -14,6 +14,7 @@ from conveyor.engine.attention.backend import AttentionBackend, AttentionSpec
 _BACKENDS = MappingProxyType({
     "torch": "conveyor.engine.attention.torch_backend:TorchAttentionBackend",
     "triton": "conveyor.engine.attention.triton_backend:TritonAttentionBackend",
+    "native": "conveyor.engine.attention.native_backend:NativeAttentionBackend",
 })
 
 BACKEND_NAMES = tuple(_BACKENDS)

@@ -89,6 +89,12 @@ class TorchAttentionBackend:
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, plan: TorchAttentionPlan) -> torch.Tensor:
         store_kv(key, value, kv_cache, plan.slot_mapping)
+        return self.attend(query, kv_cache, plan)
+
+    def attend(self, query: torch.Tensor, kv_cache: torch.Tensor,
+               plan: TorchAttentionPlan) -> torch.Tensor:
+        """Attention of the plan's tokens over the pool as it is (nothing stored); rows
+        of `query` in no group of the plan are left undefined in the result."""
         if plan.groups[0].context_buffer is None:
             self._bind_workspace(plan, kv_cache)
         return paged_attention(query, kv_cache, plan, self.spec)

@@ -55,10 +55,13 @@ class TorchAttentionPlan:
     groups: list[AttentionGroup]
 
 
-def build_plan(meta: AttentionMetadata, sliding_window: int | None) -> TorchAttentionPlan:
+def build_plan(meta: AttentionMetadata, sliding_window: int | None,
+               with_decode: bool = True) -> TorchAttentionPlan:
+    """The step's groups; with_decode=False leaves the decode rows out (a backend
+    that attends them itself; the plan then has no group when every row decodes)."""
     starts, seq_lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
     query_lens = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    decode_rows = [r for r, n in enumerate(query_lens) if n == 1]
+    decode_rows = [r for r, n in enumerate(query_lens) if n == 1] if with_decode else []
     prefill_rows = [r for r, n in enumerate(query_lens) if n > 1]
     groups = [_group(meta, rows, starts, query_lens, seq_lens, sliding_window,
                      whole_step=len(rows) == len(query_lens))

@@ -1,0 +1,40 @@
+"""The `native` backend's C++ decode kernel (native/csrc/paged_decode_attention.cpp):
+whether this machine can run it, and loading it (built once, cached; native/loader.py)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from types import ModuleType
+
+import torch
+
+from conveyor.engine.native import NativeBuildError, load_extension
+
+log = logging.getLogger("conveyor.engine.attention")
+
+EXTENSION = "conveyor_paged_attention"
+SOURCES = ("paged_decode_attention.cpp",)
+HEAD_DIMS = (32, 64, 128)
+"""Head sizes the kernel is instantiated for."""
+
+
+def load_decode_kernel() -> ModuleType:
+    """The compiled kernel module; raises NativeBuildError when this CPU lacks AVX2+FMA
+    or the extension does not build (no compiler, no ninja)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        raise NativeBuildError(f"the native attention kernel needs AVX2 and FMA; this CPU's "
+                               f"torch capability is {capability}")
+    return load_extension(EXTENSION, SOURCES)
+
+
+@functools.cache
+def native_unavailable_reason() -> str | None:
+    """None when the kernel loads (building it if need be), else why not (logged once)."""
+    try:
+        load_decode_kernel()
+    except NativeBuildError as exc:
+        log.warning("native attention unavailable, using torch: %s", exc)
+        return str(exc)
+    return None

@@ -1,0 +1,11 @@
+"""The engine's C++ extensions (csrc/), built on first use and cached; see loader.py."""
+
+from conveyor.engine.native.loader import (
+    CPU_CFLAGS,
+    CSRC,
+    NativeBuildError,
+    cache_root,
+    load_extension,
+)
+
+__all__ = ["CPU_CFLAGS", "CSRC", "NativeBuildError", "cache_root", "load_extension"]

@@ -1,0 +1,36 @@
+"""Build (or check) every C++ extension of the engine into the cache, e.g. at image build:
+
+    CONVEYOR_NATIVE_DIR=/opt/conveyor/native python -m conveyor.engine.native
+
+Exits non-zero, printing the compiler's complaint, when one does not build.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from conveyor.engine.native.loader import NativeBuildError
+
+
+def _builds():
+    """The loaders of the engine's extensions (one line per extension)."""
+    from conveyor.engine.attention.native_kernel import load_decode_kernel
+
+    return [load_decode_kernel]
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for load in _builds():
+        try:
+            module = load()
+        except NativeBuildError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        print(f"{module.__name__}: {module.__file__}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The `native` backend (C++ decode kernel over the paged pool) against the torch one.
+
+The kernel is built once into the user's cache (CONVEYOR_NATIVE_DIR) by the first test
+that needs it (~30 s, then imported in well under a second). Skipped, not failed, only
+where this machine cannot build it at all: no C++ compiler or a CPU without AVX2.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conveyor.engine.attention import create_backend
+from conveyor.engine.native import NativeBuildError, load_extension
+
+TOLERANCE = 1e-4
+"""Max absolute difference from the torch backend in fp32 (the brief's bound)."""
+
+needs_kernel = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None
+    or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+    reason="no C++ compiler or no AVX2 on this machine: the native kernel cannot build")
+
+
+def attend(name: str, step) -> torch.Tensor:
+    backend = create_backend(name, step.spec)
+    cache = step.kv_cache.clone()
+    return backend.forward(step.query, step.key, step.value, cache, backend.plan(step.meta))
+
+
+def assert_matches_torch(step) -> None:
+    diff = (attend("native", step) - attend("torch", step)).abs().max().item()
+    assert diff <= TOLERANCE, diff
+
+
+STEPS = {
+    "decode-odd-lengths": [(0, 1), (9, 1), (30, 1), (47, 1), (100, 1), (15, 1), (16, 1)],
+    "mixed-prefill-and-decode": [(0, 11), (9, 1), (30, 5), (1, 1), (47, 1)],
+    "prefill-only": [(0, 7), (3, 9)],
+    "one-request": [(300, 1)],
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("window", [None, 6, 40])
+@pytest.mark.parametrize(("block_size", "group", "head_dim"),
+                         [(16, 3, 64), (4, 1, 32), (8, 4, 128), (1, 3, 64), (5, 2, 64)])
+@pytest.mark.parametrize("seqs", STEPS.values(), ids=STEPS.keys())
+def test_native_matches_torch(make_random_step, seqs, block_size, group, head_dim, window):
+    step = make_random_step(block_size=block_size, num_kv_heads=3, group=group,
+                            head_dim=head_dim, seqs=seqs, sliding_window=window, seed=7)
+    assert_matches_torch(step)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_shared_prefix_blocks_and_thread_splits(make_random_step, threads):
+    """Requests whose tables share their first blocks (a cached prefix), split over
+    threads at item boundaries that fall inside a request's kv heads."""
+    step = make_random_step(block_size=16, num_kv_heads=3, group=3, head_dim=64,
+                            seqs=[(70, 1)] * 5 + [(20, 1)], seed=3)
+    step.meta.block_tables[1:5, :3] = step.meta.block_tables[0, :3]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert_matches_torch(step)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@needs_kernel
+def test_kernel_refuses_bad_tables_and_lengths(make_random_step):
+    step = make_random_step(block_size=4, num_kv_heads=1, group=2, head_dim=32,
+                            seqs=[(5, 1), (2, 1)])
+    kernel = create_backend("native", step.spec)._kernel
+    out = torch.empty_like(step.query)
+    meta = step.meta
+
+    def call(tables, lens):
+        kernel.paged_decode_attention(out, step.query, step.kv_cache, tables, lens, 1.0, 0)
+
+    bad_block = meta.block_tables.clone()
+    bad_block[0, 0] = step.kv_cache.shape[1]
+    with pytest.raises(RuntimeError, match=r"block_tables\[0, 0\] = .* is not a block"):
+        call(bad_block, meta.seq_lens)
+    with pytest.raises(RuntimeError, match=r"seq_lens\[1\] = 0 is outside"):
+        call(meta.block_tables, torch.tensor([6, 0]))
+    with pytest.raises(RuntimeError, match="block_tables must be a contiguous int32"):
+        call(meta.block_tables.long(), meta.seq_lens)
+
+
+@needs_kernel
+def test_backend_refuses_what_the_kernel_does_not_cover(make_random_step):
+    step = make_random_step(block_size=4, num_kv_heads=1, group=2, head_dim=16,
+                            seqs=[(5, 1)])
+    with pytest.raises(ValueError, match="head_dim .* set attention_backend torch"):
+        create_backend("native", step.spec)
+    step = make_random_step(block_size=4, num_kv_heads=1, group=2, head_dim=32,
+                            seqs=[(5, 1)], dtype=torch.bfloat16)
+    backend = create_backend("native", step.spec)
+    with pytest.raises(ValueError, match="float32 KV pool"):
+        backend.forward(step.query, step.key, step.value, step.kv_cache,
+                        backend.plan(step.meta))
+
+
+def test_a_failed_build_raises_naming_the_cause(tmp_path, monkeypatch):
+    """No compiler: load_extension raises NativeBuildError (the caller falls back)."""
+    monkeypatch.setenv("CONVEYOR_NATIVE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "/bin/false")
+    source = tmp_path / "probe.cpp"
+    source.write_text("#include <torch/extension.h>\n"
+                      "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}\n")
+    with pytest.raises(NativeBuildError, match="conveyor_build_probe did not build"):
+        load_extension("conveyor_build_probe", [source])
+    assert "conveyor_build_probe" not in sys.modules
+
+
+def test_auto_falls_back_to_torch_when_the_kernel_is_unavailable(monkeypatch):
+    from conveyor.engine.attention import native_kernel
+    from conveyor.engine.settings import EngineSettings
+
+    settings = EngineSettings(device="cpu")
+    monkeypatch.setattr(native_kernel, "native_unavailable_reason", lambda: "no compiler")
+    assert settings.resolved_attention_backend() == "torch"
+    monkeypatch.setattr(native_kernel, "native_unavailable_reason", lambda: None)
+    assert settings.resolved_attention_backend() == "native"
+    assert EngineSettings(device="cpu", dtype="bfloat16").resolved_attention_backend() == "torch"
+    assert EngineSettings(device="cpu", attention_backend="torch").resolved_attention_backend() \
+        == "torch"
+
+
+@needs_kernel
+def test_a_cached_build_loads_without_a_compiler():
+    """Once built, the kernel imports from the cache with no compiler and no ninja (what
+    the engine image relies on: it builds at image build time and drops the compiler)."""
+    from conveyor.engine.attention.native_kernel import load_decode_kernel
+
+    load_decode_kernel()
+    code = ("from conveyor.engine.attention.native_kernel import load_decode_kernel; "
+            "print(load_decode_kernel().__file__)")
+    env = {**os.environ, "CXX": "/bin/false", "PATH": "/nonexistent"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("conveyor_paged_attention.so")
