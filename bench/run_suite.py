@@ -218,7 +218,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_peers(args: argparse.Namespace, suite: Suite, img_dir: Path, command: str) -> dict:
     """The peer comparison; its results as bench_peers.json's content."""
     from bench.peers.installs import versions
-    from bench.suite.peer_comparison import Variant, build_systems, run_comparison
+    from bench.suite.peer_comparison import CONVEYOR_ENV, Variant, build_systems, run_comparison
     from bench.suite.profile import PEERS, PEERS_QUICK
 
     profile = PEERS_QUICK if args.quick else PEERS
@@ -233,7 +233,8 @@ def run_peers(args: argparse.Namespace, suite: Suite, img_dir: Path, command: st
                 output_len=profile.output_len, mixed_input=list(profile.mixed_input),
                 mixed_output=list(profile.mixed_output), note=args.note,
                 prefix_len=max(s.prefix_len for s in profile.scenarios),
-                versions=versions(), load_average_start=suite.load_at_start,
+                versions=versions(), conveyor_env=CONVEYOR_ENV,
+                load_average_start=suite.load_at_start,
                 total_s=time.monotonic() - suite.started)
     meta.pop("profile_sizes", None)
     return {"meta": meta, **compared}

