@@ -207,6 +207,10 @@ def _replace_linears(model: nn.Module, weight_format: str) -> None:
                for name, child in parent.named_children() if isinstance(child, CpuLinear)]
     for parent, name, child in targets:
         fmt = LM_HEAD_FORMAT[weight_format] if name == "lm_head" else weight_format
+        if fmt != "fp16" and child.in_features % BLOCK:
+            logger.info("%s stays fp32: in_features %d is not a multiple of %d",
+                        name, child.in_features, BLOCK)
+            continue
         setattr(parent, name, QuantizedLinear(child, WEIGHT_CLASSES[fmt](child.weight)))
     _log_exactness(model)
 
