@@ -14,7 +14,7 @@ from conveyor.common.settings import ModelSettingsMixin, ServiceSettings
 DEFAULT_PORT = 50052
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "native")
 WAITING_TOKENS_PER_BATCHED_TOKEN = 8
 """The default waiting-token bound in step budgets: about 8 full prefill steps queued."""
 
@@ -66,7 +66,9 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         "q8_0). Prefill steps stay fp32; see docs/performance.md, weight formats.",
     )
     attention_backend: str = Field(
-        "auto", description="Attention backend: auto (torch on CPU, triton on GPU), torch, triton."
+        "auto", description="Attention backend: auto (on GPU triton; on CPU in float32 native "
+        "when its C++ kernel builds or is cached, else torch), torch, triton, native (CPU, "
+        "float32: decode attention read in place from the KV pool by a C++ AVX2 kernel)."
     )
     device: str = Field("auto", description="Device: auto (cuda when available), cpu, cuda.")
     enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prefixes.")
@@ -131,7 +133,13 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         if self.attention_backend != "auto":
             return self.attention_backend
-        return "torch" if self.resolved_device() == "cpu" else "triton"
+        if self.resolved_device() != "cpu":
+            return "triton"
+        if self.resolved_dtype() != "float32":
+            return "torch"
+        from conveyor.engine.attention.native_kernel import native_unavailable_reason
+
+        return "torch" if native_unavailable_reason() else "native"
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -148,3 +148,37 @@ def test_a_cached_build_loads_without_a_compiler():
                             text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("conveyor_paged_attention.so")
+
+
+@pytest.fixture(scope="module")
+def native_model(smollm2_folder):
+    from conveyor.engine.model.loader import load_model
+
+    return load_model(smollm2_folder, attention_backend="native")
+
+
+@needs_kernel
+@pytest.mark.slow
+def test_greedy_batched_mixed_steps_match_transformers(native_model, make_driver, hf_model,
+                                                        tokenizer):
+    """The model on the native backend, prompts arriving over time under a token budget
+    that mixes prefill chunks with decode tokens, sharing a prefix: transformers' greedy."""
+    from conveyor.engine.worker.model_runner import ModelRunner
+    from conveyor.engine.worker.runner_config import RunnerConfig
+
+    prefix = "The river town woke slowly. Bakers lit their ovens before dawn. " * 6
+    texts = ["The capital of France is", "def fibonacci(n):\n    ", prefix + "Then",
+             prefix + "Meanwhile", "1, 2, 3, 4, 5,"]
+    prompts = {f"p{i}": tokenizer(text)["input_ids"] for i, text in enumerate(texts)}
+    runner = ModelRunner(RunnerConfig(model="(preloaded)", attention_backend="native",
+                                      block_size=16, num_blocks=256, max_model_len=1024,
+                                      max_num_batched_tokens=512, max_num_seqs=16),
+                         model=native_model)
+    driver = make_driver(runner, token_budget=48, seed=2)
+    outputs = driver.run({i: [(name, ids, 10)] for i, (name, ids) in enumerate(prompts.items())})
+    assert driver.num_mixed_steps > 0
+    for name, ids in prompts.items():
+        with torch.inference_mode():
+            reference = hf_model.generate(torch.tensor([ids]), do_sample=False,
+                                          max_new_tokens=10, pad_token_id=2)[0, len(ids):]
+        assert outputs[name][:len(reference)] == reference.tolist(), name

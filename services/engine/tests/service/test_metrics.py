@@ -71,7 +71,10 @@ def test_settings_read_the_engine_prefix(monkeypatch):
     settings = EngineSettings()
     assert (settings.block_size, settings.metrics_port, settings.port) == (32, 9102, 50052)
     assert settings.resolved_dtype() == "float32"
-    assert settings.resolved_attention_backend() == "torch"
+    from conveyor.engine.attention.native_kernel import native_unavailable_reason
+
+    expected = "torch" if native_unavailable_reason() else "native"
+    assert settings.resolved_attention_backend() == expected
 
 
 def test_settings_errors_name_the_variable():
