@@ -16,8 +16,11 @@ step (exclusive time: a part's own time minus the parts inside it):
   sampling        the sampler
   engine other    EngineCore.step minus all of the above (timing records, deltas)
 
-The timers cost ~1 us per call (~400 calls a step), under 1% of a one-row step. With
+The timers cost ~1 us per call (~400 calls a step), ~1-2% of a one-row step. With
 --torch-profile the same steps also run under torch.profiler and the top ops print.
+Variants for A/B runs (fresh process each): --torch-ops runs the torch versions of the
+fused layer ops (model/fused_ops.py); --onednn-one-row sends one-row linears through
+oneDNN's packed GEMM instead of the column-major GEMV (model/cpu_linear.py).
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.step_profile [--threads N] [--concurrency 1,16,64]
 """
@@ -129,6 +132,28 @@ def profile_decode(llm, timer: PartTimer, n: int, num_steps: int) -> dict:
             "step_ms_mean": statistics.fmean(steps) * 1e3, "parts_ms": parts}
 
 
+def apply_variants(args) -> None:
+    """Patch the engine's modules for the variants the flags ask for (before it loads)."""
+    if args.torch_ops:
+        from conveyor.engine.model import fused_ops
+
+        fused_ops.native_ops = lambda: None
+    if args.onednn_one_row:
+        import torch
+
+        from conveyor.engine.model.cpu_linear import CpuLinear
+
+        def forward(self, x):
+            if self._packed is None:
+                return torch.nn.functional.linear(x, self.weight, self.bias)
+            rows = x.numel() // self.in_features
+            out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, self.in_features),
+                                                     self._packed, self.bias, "none", [], "")
+            return out.view(*x.shape[:-1], self.out_features)
+
+        CpuLinear.forward = forward
+
+
 @contextmanager
 def torch_profile(enabled: bool, label: str):
     if not enabled:
@@ -161,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-steps", type=int, default=10)
     p.add_argument("--torch-profile", action="store_true")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--torch-ops", action="store_true", help="no fused C++ layer ops")
+    p.add_argument("--onednn-one-row", action="store_true", help="oneDNN for one-row linears")
     args = p.parse_args(argv)
+    apply_variants(args)
     from conveyor.engine import LLM
 
     llm = LLM(args.model, max_num_seqs=max(args.concurrency), kv_cache_gib=1.0,
@@ -174,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             results.append(profile_decode(llm, timer, n, args.num_steps))
         print(format_result(results[-1]), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": args.threads, "steps": results},
-                                              indent=2))
+        variants = {"torch_ops": args.torch_ops, "onednn_one_row": args.onednn_one_row}
+        Path(args.json).write_text(json.dumps({"threads": args.threads, **variants,
+                                               "steps": results}, indent=2))
     return 0
 
 

@@ -60,6 +60,9 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP around the residual stream, which the caller passes in
+    and this layer adds to in place (the add fused with the norm after it, rms_norm.py)."""
+
     def __init__(self, config: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -67,10 +70,17 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
-                kv_cache: torch.Tensor, plan: Any) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rotary, kv_cache, plan)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(self, delta: torch.Tensor | None, residual: torch.Tensor,
+                rotary: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
+                plan: Any) -> torch.Tensor:
+        """`delta`: the previous layer's MLP output, not yet in `residual` (None for the
+        first layer); returns this layer's MLP output, likewise not yet added."""
+        if delta is None:
+            x = self.input_layernorm(residual)
+        else:
+            x = self.input_layernorm.add_and_norm(residual, delta)
+        attn = self.self_attn(x, rotary, kv_cache, plan)
+        return self.mlp(self.post_attention_layernorm.add_and_norm(residual, attn))
 
 
 class LlamaModel(nn.Module):
@@ -86,10 +96,13 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], plan: Any) -> torch.Tensor:
         rotary = self.rotary_emb.lookup(positions)
-        hidden = self.embed_tokens(input_ids)
+        residual = self.embed_tokens(input_ids)  # a new tensor: the layers add to it in place
+        delta = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, rotary, kv_cache, plan)
-        return self.norm(hidden)
+            delta = layer(delta, residual, rotary, kv_cache, plan)
+        if delta is None:
+            return self.norm(residual)
+        return self.norm.add_and_norm(residual, delta)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -11,6 +11,7 @@ import math
 import torch
 from torch import nn
 
+from conveyor.engine.model.fused_ops import rotate_
 from conveyor.engine.model.model_config import RopeScaling
 
 
@@ -43,8 +44,8 @@ class RotaryEmbedding(nn.Module):
     """cos/sin of every position up to max_positions, precomputed in fp32.
 
     `lookup` runs once per step; `apply_rotary` once per layer on q and k together
-    ([T, H + Hkv, D]). Rotation runs in fp32 and casts back to the input dtype.
-    The table holds, per position, [cos, cos, -sin, sin] (each D/2 wide), so a
+    ([T, H + Hkv, D], in place where it can). Rotation runs in fp32 and casts back to
+    the input dtype. The table holds, per position, [cos, cos, -sin, sin] (each D/2 wide), so a
     rotation is x * cos + swap_halves(x) * signed_sin: the same products and sums
     as x1 * cos - x2 * sin, x2 * cos + x1 * sin, bit for bit, in fewer ops.
     """
@@ -78,8 +79,6 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate [T, H, D] by the looked-up angles (rotate-half layout)."""
-    x32 = x.float()
-    x1, x2 = x32.chunk(2, dim=-1)
-    rotated = torch.mul(x32, cos).add_(torch.cat([x2, x1], dim=-1).mul_(signed_sin))
-    return rotated.to(x.dtype)
+    """Rotate [T, H, D] by the looked-up angles (rotate-half layout): in place on float32
+    CPU tensors (one C++ loop, fused_ops.py), else into a new tensor; returns the result."""
+    return rotate_(x, cos, signed_sin)

@@ -16,8 +16,9 @@ from conveyor.engine.native.loader import NativeBuildError
 def _builds():
     """The loaders of the engine's extensions (one line per extension)."""
     from conveyor.engine.attention.native_kernel import load_decode_kernel
+    from conveyor.engine.model.fused_ops import load_fused_ops
 
-    return [load_decode_kernel]
+    return [load_decode_kernel, load_fused_ops]
 
 
 def main() -> int:

@@ -1,0 +1,97 @@
+"""A decoder layer's elementwise steps, fused into one C++ loop each on the CPU.
+
+`add_rms_norm_` (the residual add and the next RMSNorm), `rms_norm` and `rotate_` (rotary
+on q and k in place) run native/csrc/fused_layer_ops.cpp on float32 CPU tensors when it
+is built (once, cached: native/loader.py), and the torch ops they replace everywhere else
+(GPU, bfloat16, no compiler). The torch versions are the reference the tests hold the
+C++ to: the add and the rotation bit for bit, the norm within float32 rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger("conveyor.engine.model")
+
+EXTENSION = "conveyor_fused_layer_ops"
+SOURCES = ("fused_layer_ops.cpp",)
+EXTRA_CFLAGS = ("-ffp-contract=off",)
+"""No fused multiply-add contraction: products and sums round as torch's separate ops."""
+
+
+def load_fused_ops() -> ModuleType:
+    """The compiled ops (built first if need be); raises NativeBuildError when they
+    cannot be built here (no compiler or ninja, a CPU without AVX2)."""
+    from conveyor.engine.native import CPU_CFLAGS, NativeBuildError, load_extension
+
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        raise NativeBuildError("the fused layer ops are built for AVX2; this CPU's torch "
+                               f"capability is {torch.backends.cpu.get_cpu_capability()}")
+    return load_extension(EXTENSION, SOURCES, (*CPU_CFLAGS, *EXTRA_CFLAGS))
+
+
+@functools.cache
+def native_ops() -> ModuleType | None:
+    """The compiled ops, or None when they cannot be built here (the reason logged once)."""
+    from conveyor.engine.native import NativeBuildError
+
+    try:
+        module = load_fused_ops()
+    except NativeBuildError as exc:
+        log.warning("fused layer ops unavailable, using torch ops: %s", exc)
+        return None
+    log.info("fused layer ops: native (%s)", EXTENSION)
+    return module
+
+
+def _native_for(x: torch.Tensor) -> ModuleType | None:
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        return None
+    return native_ops()
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) * weight in fp32, cast back (as transformers computes it)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x [T, H]."""
+    native = _native_for(x)
+    if native is None or x.dim() != 2 or x.stride(-1) != 1:
+        return rms_norm_torch(x, weight, eps)
+    return native.rms_norm(x, weight, eps)
+
+
+def add_rms_norm_(residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """`residual += delta` in place, then the RMSNorm of the sum (a new tensor)."""
+    native = _native_for(residual)
+    if (native is None or residual.dim() != 2 or residual.stride(-1) != 1
+            or delta.stride(-1) != 1 or delta.dtype != residual.dtype):
+        return rms_norm_torch(residual.add_(delta), weight, eps)
+    return native.add_rms_norm_(residual, delta, weight, eps)
+
+
+def rotate_torch(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] rotated (rotate-half layout) into a new tensor, in fp32, cast back."""
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)
+    rotated = torch.mul(x32, cos).add_(torch.cat([x2, x1], dim=-1).mul_(signed_sin))
+    return rotated.to(x.dtype)
+
+
+def rotate_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] rotated by the looked-up angles, in place where native (else copied);
+    returns the rotated tensor either way."""
+    native = _native_for(x)
+    if native is None or x.stride(-1) != 1 or cos.dtype != torch.float32:
+        return rotate_torch(x, cos, signed_sin)
+    native.rotate_(x, cos, signed_sin)
+    return x
