@@ -86,6 +86,9 @@ def _compile(name: str, paths: list[Path], cflags: Sequence[str], folder: Path) 
 
     log.info("building native extension %s in %s", name, folder)
     start = time.perf_counter()
+    path = os.environ.get("PATH", "")
+    # the virtual environment's bin (the ninja package's script) even when not activated
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])
     try:
         cpp_extension.load(name, [str(p) for p in paths], extra_cflags=list(cflags),
                            extra_ldflags=["-fopenmp"], build_directory=str(folder))
@@ -93,6 +96,8 @@ def _compile(name: str, paths: list[Path], cflags: Sequence[str], folder: Path) 
         sys.modules.pop(name, None)
         raise NativeBuildError(f"native extension {name} did not build: "
                                f"{_last_lines(str(exc))}") from exc
+    finally:
+        os.environ["PATH"] = path
     (folder / _STAMP).write_text(f"{time.perf_counter() - start:.1f} s\n")
     log.info("built native extension %s in %.1f s", name, time.perf_counter() - start)
 
