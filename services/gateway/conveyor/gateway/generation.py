@@ -106,13 +106,12 @@ and client, or None when it may not move (GenerationRequest decides and records 
 
 
 class SampleFeed:
-    """Sample `index`'s chunks of a SharedStream, read as an engine stream of its own:
+    """One sample's chunks of a SharedStream, read as an engine stream of its own:
     iterate it for chunks; `cancel()` says this sample wants no more (the engine stream
     is cancelled once every sample's feed is)."""
 
-    def __init__(self, shared: SharedStream, index: int):
+    def __init__(self, shared: SharedStream):
         self._shared = shared
-        self._index = index
         self._queue: asyncio.Queue[EngineChunk | UpstreamError | None] = asyncio.Queue()
         self.cancelled = False
 
@@ -125,7 +124,7 @@ class SampleFeed:
     def cancel(self) -> None:
         if not self.cancelled:
             self.cancelled = True
-            self._shared.left(self._index)
+            self._shared.left()
 
     def put(self, item: EngineChunk | UpstreamError | None) -> None:
         """The next chunk, the error that broke the stream, or None at its end."""
@@ -140,12 +139,12 @@ class SharedStream:
 
     def __init__(self, stream: EngineStream, n: int):
         self._stream = stream
-        self.feeds = [SampleFeed(self, index) for index in range(n)]
+        self.feeds = [SampleFeed(self) for _ in range(n)]
         self._task = asyncio.create_task(self._split())
         self._task.add_done_callback(_retrieve_exception)
 
-    def left(self, index: int) -> None:
-        """Feed `index` was cancelled; with the last one, the engine stream goes too."""
+    def left(self) -> None:
+        """A feed was cancelled; with the last one, the engine stream goes too."""
         if all(feed.cancelled for feed in self.feeds):
             self._stream.cancel()
 
