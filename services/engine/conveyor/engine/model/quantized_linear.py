@@ -50,15 +50,22 @@ class FormatUnavailable(RuntimeError):
     """A weight format's kernel cannot run here (no compiler, no AVX2, no fbgemm)."""
 
 
-def block_kernels():
-    """The C++ block kernels, built on first use; raises FormatUnavailable saying why."""
+def load_block_kernels():
+    """The C++ block kernels, built on first use; raises NativeBuildError saying why not."""
     from conveyor.engine.native import CPU_CFLAGS, NativeBuildError, load_extension
 
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        raise FormatUnavailable("the block kernels need AVX2 and this CPU lacks it")
+        raise NativeBuildError("the block kernels need AVX2 and this CPU lacks it")
+    return load_extension(_EXTENSION, ["block_quant_linear.cpp"],
+                          extra_cflags=(*CPU_CFLAGS, *_CFLAGS_EXTRA))
+
+
+def block_kernels():
+    """load_block_kernels(), raising FormatUnavailable instead."""
+    from conveyor.engine.native import NativeBuildError
+
     try:
-        return load_extension(_EXTENSION, ["block_quant_linear.cpp"],
-                              extra_cflags=(*CPU_CFLAGS, *_CFLAGS_EXTRA))
+        return load_block_kernels()
     except NativeBuildError as exc:
         raise FormatUnavailable(str(exc)) from exc
 
