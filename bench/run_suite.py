@@ -178,6 +178,10 @@ def machine_meta(profile: Profile, command: str) -> dict:
                     if f in flags) or "unknown"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
                             capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run(["git", "diff", "--name-only", "HEAD", "--", "services", "common"],
+                             cwd=REPO_ROOT, capture_output=True, text=True).stdout.split()
+    if commit and changed:  # what ran is not exactly the commit: say so in the report
+        commit += f" + uncommitted changes to {len(changed)} service files"
     threads = int(os.environ.get("CONVEYOR_ENGINE_TORCH_THREADS") or 0) or torch.get_num_threads()
     return {"command": command, "profile": profile.name, "date": time.strftime("%Y-%m-%d %H:%M"),
             "commit": commit or "unknown", "cpu": cpu, "isa": isa, "num_cpus": os.cpu_count(),

@@ -64,3 +64,32 @@ def test_config_url_and_headers():
     assert config.url == "http://h:1/v1/completions"
     assert config.headers == {"Authorization": "Bearer k"}
     assert math.isinf(RunConfig(base_url="x").request_rate)
+
+
+async def test_every_request_opens_its_own_connection():
+    """No keep-alive: a pooled connection the server closed would fail the next request."""
+    import asyncio
+
+    connections = []
+
+    async def handle(reader, writer):
+        connections.append(writer)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+        body = (b'data: {"choices":[{"text":"a"}]}\n\n'
+                b'data: {"choices":[],"usage":{"completion_tokens":1}}\n\ndata: [DONE]\n\n')
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        await reader.read()  # until the client closes its side
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        config = RunConfig(base_url=f"http://127.0.0.1:{port}", max_concurrency=1,
+                           num_warmup=0)
+        m, _ = await run_benchmark(requests(3, max_tokens=1), config)
+    assert m.completed == 3 and len(connections) == 3
