@@ -231,14 +231,14 @@ def run_peers(args: argparse.Namespace, suite: Suite, img_dir: Path, command: st
     if args.systems:
         wanted = {s.strip() for s in args.systems.split(",")}
         systems = [s for s in systems if s.name in wanted]
+    meta = machine_meta(QUICK if args.quick else FULL, command)  # the commit that runs
     compared = run_comparison(profile, systems, suite.maker, suite.log)
-    meta = machine_meta(QUICK if args.quick else FULL, command)
     meta.update(profile=profile.name, input_len=profile.input_len,
                 output_len=profile.output_len, mixed_input=list(profile.mixed_input),
                 mixed_output=list(profile.mixed_output), note=args.note,
                 prefix_len=max(s.prefix_len for s in profile.scenarios),
                 versions=versions(), conveyor_env=CONVEYOR_ENV,
-                load_average_start=suite.load_at_start,
+                load_average_start=suite.load_at_start, load_average_end=os.getloadavg()[0],
                 total_s=time.monotonic() - suite.started)
     meta.pop("profile_sizes", None)
     return {"meta": meta, **compared}

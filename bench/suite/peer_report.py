@@ -79,10 +79,16 @@ def _cpu_cell(figures: dict) -> str:
     return ", ".join(f"{k} {v:.2f}" for k, v in per.items())
 
 
+def cores_busy(figures: dict) -> float:
+    """CPU seconds of the server's processes (the client's left out) over the duration."""
+    cpu = figures.get("cpu_s") or {}
+    return sum(v for k, v in cpu.items() if k != "client") / max(figures["duration_s"], 1e-9)
+
+
 def _scenario_table(peers: dict) -> list[str]:
     out = ["| scenario | system | weights | out tok/s | req/s | TTFT p50 / p99 ms | "
-           "TPOT p50 / p99 ms | E2EL p50 ms | requests | CPU s per request |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+           "TPOT p50 / p99 ms | E2EL p50 ms | requests | server cores busy | "
+           "CPU s per request |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for scenario in SCENARIO_TEXT:
         for name, system in peers.get("systems", {}).items():
             f = system["scenarios"].get(scenario)
@@ -93,7 +99,7 @@ def _scenario_table(peers: dict) -> list[str]:
                 f"{f['request_throughput']:.2f} | {f['p50_ttft_ms']:.0f} / "
                 f"{f['p99_ttft_ms']:.0f} | {f['p50_tpot_ms']:.1f} / {f['p99_tpot_ms']:.1f} | "
                 f"{f['p50_e2el_ms']:.0f} | {f['completed']} ({f['failed']} failed) | "
-                f"{_cpu_cell(f)} |")
+                f"{cores_busy(f):.2f} | {_cpu_cell(f)} |")
     return out
 
 
@@ -124,7 +130,9 @@ def render_peers(peers: dict, doc: Path, img_dir: Path, inproc: dict | None = No
     out += _image(doc, plots.get("single"), "concurrency 1 TTFT and TPOT per server")
     out += ["Scenarios: " + "; ".join(f"`{k}` {v}" for k, v in SCENARIO_TEXT.items()) + ". "
             "CPU s per request: user + system CPU seconds of each process tree over the "
-            "measured requests (`client` = the load generator), divided by the requests.", ""]
+            "measured requests (`client` = the load generator), divided by the requests; "
+            "server cores busy: the server processes' CPU seconds over the duration (of "
+            f"{peers['meta']['num_cpus']} cores).", ""]
     out += _scenario_table(peers) + [""]
     out += _left_out(peers)
     levers = levers_rows(performance_md) if performance_md else []

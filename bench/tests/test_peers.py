@@ -191,7 +191,8 @@ def test_comparison_notes_missing_systems_and_keeps_going_after_a_failure(maker)
 def fig(out_tps, ttft=900.0, tpot=70.0):
     return {"completed": 16, "failed": 0, "output_throughput": out_tps, "request_throughput": 1,
             "p50_ttft_ms": ttft, "p99_ttft_ms": ttft, "p50_tpot_ms": tpot, "p99_tpot_ms": tpot,
-            "p50_e2el_ms": 5000.0, "cpu_s_per_request": {"engine": 1.5, "client": 0.1}}
+            "p50_e2el_ms": 5000.0, "duration_s": 10.0, "cpu_s": {"engine": 15.0, "client": 1.0},
+            "cpu_s_per_request": {"engine": 1.5, "client": 0.1}}
 
 
 def peers_results():
@@ -266,6 +267,7 @@ def test_peer_section_renders_targets_tables_and_plots(tmp_path):
     for name in ("bench_peers_throughput.png", "bench_peers_c1.png"):
         assert (tmp_path / "img" / name).stat().st_size > 1000 and f"img/{name}" in text
     assert "| c16 | llama-server | Q4_1 | 24.0 |" in text
+    assert "| 16 (0 failed) | 1.50 | engine 1.50" in text  # 15 CPU s over 10 s, client left out
     assert "the prefix K/V read per row" in text and "hf-static: not run: not installed" in text
     assert "| fp16 | 2x | 1.8x | `cmd` |" in text and "engine 1.50, client 0.10" in text
 
