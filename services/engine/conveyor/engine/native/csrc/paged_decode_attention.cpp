@@ -47,6 +47,13 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
 // The four horizontal sums of a, b, c, d as one vector.
 inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
   const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
@@ -124,23 +131,32 @@ void block_update(const float* v, int64_t token_stride, int64_t t0, int64_t t1, 
   constexpr int C = D / 8;
   for (int64_t g = 0; g < G; ++g) {
     float* s = scores + g * bs;
-    float block_max = kNegInf;
-    for (int64_t t = t0; t < t1; ++t) block_max = std::max(block_max, s[t]);
+    __m256 vmax = _mm256_set1_ps(kNegInf);
+    int64_t t = t0;
+    for (; t + 8 <= t1; t += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + t));
+    float block_max = hmax(vmax);
+    for (; t < t1; ++t) block_max = std::max(block_max, s[t]);
     const float new_max = std::max(st.max[g], block_max);
-    const float correction = std::exp(st.max[g] - new_max);  // 0 for the first block
+    // 0 for the first block; 1 (no exp) while the running maximum holds
+    const float correction = new_max == st.max[g] ? 1.0f : std::exp(st.max[g] - new_max);
     st.max[g] = new_max;
     const __m256 m = _mm256_set1_ps(new_max);
-    int64_t t = t0;
-    for (; t + 8 <= t1; t += 8)
-      _mm256_storeu_ps(s + t, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), m)));
+    __m256 vsum = _mm256_setzero_ps();
+    for (t = t0; t + 8 <= t1; t += 8) {
+      const __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), m));
+      vsum = _mm256_add_ps(vsum, p);
+      _mm256_storeu_ps(s + t, p);
+    }
+    float block_sum = hsum(vsum);
     if (t < t1) {
       alignas(32) float tail[8];
       for (int i = 0; i < 8; ++i) tail[i] = t + i < t1 ? s[t + i] - new_max : kNegInf;
       _mm256_store_ps(tail, exp_nonpositive(_mm256_load_ps(tail)));
-      for (int64_t i = 0; t + i < t1; ++i) s[t + i] = tail[i];
+      for (int64_t i = 0; t + i < t1; ++i) {
+        s[t + i] = tail[i];
+        block_sum += tail[i];
+      }
     }
-    float block_sum = 0.0f;
-    for (t = t0; t < t1; ++t) block_sum += s[t];
     st.sum[g] = st.sum[g] * correction + block_sum;
     float* acc = st.acc + g * D;
     __m256 a[C];
