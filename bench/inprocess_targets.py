@@ -3,6 +3,7 @@
 1. Read bandwidth: the best `x.sum()` over a tensor the size of the weights (far beyond
    the L3), at the engine's thread count -- the DRAM floor of a one-row step is the
    weight bytes it reads (every linear layer, lm_head included) over this bandwidth.
+   Readings alternate with single-stream requests (3.), each TPOT held to its neighbour.
 2. The practical roofline: bench/roofline.py's best forward pass (all linear layers at
    M rows, the best of the kernels torch offers here) over M in --roofline-tokens.
 3. The offline engine (no other services), driven in a closed loop (bench/inprocess_engine.py):
@@ -37,9 +38,8 @@ ROOFLINE_SHARE = 0.80
 PROMPT_LEN, OUTPUT_LEN = 256, 64
 
 
-def read_bandwidth_gb_s(num_bytes: int, repeats: int = 7) -> float:
-    """Best GB/s of `x.sum()` over a float32 tensor of `num_bytes` (first pass discarded)."""
-    x = torch.ones(num_bytes // 4)
+def read_bandwidth_gb_s(x: torch.Tensor, repeats: int = 5) -> float:
+    """Best GB/s of `x.sum()` over a float32 tensor far beyond the caches (one pass first)."""
     x.sum()
     best = float("inf")
     for _ in range(repeats):
@@ -60,16 +60,35 @@ def run_flops(config: dict, prompt_tokens: int, output_tokens: int) -> float:
     return 2.0 * (body * (prompt_tokens + output_tokens) + lm_head_params(config) * output_tokens)
 
 
-def engine_run(llm, concurrency: int, num_requests: int) -> dict:
+def engine_run(llm, concurrency: int, num_requests: int, seed: int = 0) -> dict:
     """Closed loop at `concurrency` over random-token prompts; metrics as a dict."""
     from bench.engine_step_bench import random_prompts
     from bench.inprocess_engine import run_inprocess
     from bench.serving.workload import BenchRequest
 
-    prompts = random_prompts(num_requests, PROMPT_LEN, seed=concurrency)
+    prompts = random_prompts(num_requests, PROMPT_LEN, seed=1000 * concurrency + seed)
     requests = [BenchRequest(p, PROMPT_LEN, OUTPUT_LEN) for p in prompts]
     metrics, _ = run_inprocess(llm, requests, concurrency)
     return metrics.as_dict()
+
+
+def single_stream_vs_floor(llm, weight_bytes: int, num_pairs: int) -> dict:
+    """Alternate a bandwidth reading and one single-stream request, `num_pairs` times: the
+    machine is shared, so each TPOT is held to the floor measured next to it; the medians
+    of TPOT, floor and their ratio are reported."""
+    import statistics
+
+    x = torch.ones(weight_bytes // 4)
+    pairs = []
+    for i in range(num_pairs):
+        bandwidth = read_bandwidth_gb_s(x)
+        metrics = engine_run(llm, 1, 1, seed=i)
+        floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3
+        pairs.append((metrics["p50_tpot_ms"], floor_ms, bandwidth))
+    median = lambda k: statistics.median(p[k] for p in pairs)  # noqa: E731
+    return {"tpot_c1_ms": median(0), "dram_floor_ms": median(1), "read_bandwidth_gb_s": median(2),
+            "dram_floor_ratio": statistics.median(t / f for t, f, _ in pairs),
+            "c1_pairs": [{"tpot_ms": t, "floor_ms": f, "bandwidth_gb_s": b} for t, f, b in pairs]}
 
 
 def measure(args) -> dict:
@@ -79,24 +98,19 @@ def measure(args) -> dict:
     config = roofline.load_model_config(args.model)
     weight_bytes = roofline.params_per_token(config) * 4
     out: dict = {"threads": args.threads, "dtype": "float32", "weight_bytes": weight_bytes}
-    out["read_bandwidth_gb_s"] = read_bandwidth_gb_s(weight_bytes)
-    out["dram_floor_ms"] = weight_bytes / (out["read_bandwidth_gb_s"] * 1e9) * 1e3
+    llm = make_llm(model=args.model, max_num_seqs=64, kv_cache_gib=2.0, max_model_len=2048,
+                   torch_threads=args.threads, dtype="float32")
+    engine_run(llm, 2, 2)  # warm-up: first-call allocations, oneDNN primitives
+    out.update(single_stream_vs_floor(llm, weight_bytes, args.c1_requests))
     roof = roofline.run_roofline(config, ["float32"], args.roofline_tokens,
                                  0.1 if args.quick else 0.3)
     out["roofline_gflops"] = roofline.best_forward_gflops(roof)
     out["roofline_forward"] = roof["forward"]
     out["peak_square_gflops"] = roof["peak"]["float32"]
-    llm = make_llm(model=args.model, max_num_seqs=64, kv_cache_gib=2.0, max_model_len=2048,
-                   torch_threads=args.threads, dtype="float32")
-    engine_run(llm, 2, 2)  # warm-up: first-call allocations, oneDNN primitives
-    c1 = engine_run(llm, 1, args.c1_requests)
-    out["tpot_c1_ms"] = c1["p50_tpot_ms"]
-    out["c1"] = c1
     c64 = engine_run(llm, 64, args.c64_requests)
     flops = run_flops(config, c64["total_input_tokens"], c64["total_output_tokens"])
     out["achieved_gflops_c64"] = flops / c64["duration_s"] / 1e9
     out["c64"] = c64
-    out["dram_floor_ratio"] = out["tpot_c1_ms"] / out["dram_floor_ms"]
     out["roofline_share"] = out["achieved_gflops_c64"] / out["roofline_gflops"]
     return out
 
@@ -109,7 +123,8 @@ def format_targets(r: dict) -> str:
         f"{r['weight_bytes'] / 1e6:.0f} MB",
         f"read bandwidth {r['read_bandwidth_gb_s']:.1f} GB/s -> DRAM floor "
         f"{r['dram_floor_ms']:.1f} ms per step",
-        f"c1 TPOT p50 {r['tpot_c1_ms']:.1f} ms = {r['dram_floor_ratio']:.2f}x the floor "
+        f"c1 TPOT p50 {r['tpot_c1_ms']:.1f} ms; median TPOT / floor over "
+        f"{len(r['c1_pairs'])} pairs {r['dram_floor_ratio']:.2f}x "
         f"(target <= {DRAM_FLOOR_SLACK:.2f}x): {floor_ok}",
         f"practical roofline {r['roofline_gflops']:.1f} GFLOP/s (square matmul peak "
         f"{r['peak_square_gflops']:.1f})",
@@ -119,13 +134,28 @@ def format_targets(r: dict) -> str:
     ])
 
 
+def tree_state() -> str:
+    """The commit measured, and the engine files changed on top of it (if any)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+
+    def run(*cmd: str) -> str:
+        return subprocess.run(cmd, cwd=root, capture_output=True, text=True).stdout
+
+    changed = run("git", "status", "--porcelain", "--", "services/engine/conveyor").split()
+    commit = run("git", "rev-parse", "--short", "HEAD").strip()
+    return commit + (f" + uncommitted {' '.join(changed[1::2])}" if changed else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--threads", type=int, default=roofline.engine_threads() or 2)
     p.add_argument("--roofline-tokens", default=roofline.BATCH_TOKENS,
                    type=lambda s: tuple(int(x) for x in s.split(",")))
-    p.add_argument("--c1-requests", type=int, default=3)
+    p.add_argument("--c1-requests", type=int, default=5,
+                   help="single-stream requests, each next to a bandwidth reading")
     p.add_argument("--c64-requests", type=int, default=128)
     p.add_argument("--quick", action="store_true", help="shorter timings, 64 requests at c64")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
@@ -136,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_targets(result))
     result["command"] = "python -m bench.inprocess_targets " + " ".join(argv or sys.argv[1:])
     result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    result["tree"] = tree_state()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))
     return 0

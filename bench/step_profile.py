@@ -9,7 +9,7 @@ step (exclusive time: a part's own time minus the parts inside it):
   attention plan  the backend's per-step plan
   linear          every CpuLinear (q/k/v, o, gate/up, down, lm_head)
   attention       the attention backend's forward (K/V store, gather, SDPA)
-  rmsnorm         RMSNorm (2 per layer + the final one)
+  rmsnorm         RMSNorm (2 per layer + the final one), with the residual add before it
   rotary          the cos/sin lookup and the q/k rotation
   mlp act         SwiGLU's silu(gate) * up (LlamaMLP minus its linears)
   layer glue      residual adds, splits and views (layer and attention forwards minus parts)
@@ -21,6 +21,9 @@ The timers cost ~1 us per call (~400 calls a step), ~1-2% of a one-row step. Wit
 Variants for A/B runs (fresh process each): --torch-ops runs the torch versions of the
 fused layer ops (model/fused_ops.py); --onednn-one-row sends one-row linears through
 oneDNN's packed GEMM instead of the column-major GEMV (model/cpu_linear.py).
+--pulse BURN_MS:PERIOD_MS runs a process alongside that burns BURN_MS of CPU every PERIOD_MS
+(what the served pipeline's gateway, detok and client do around each token); --pulse 1:0
+keeps one core busy all the time.
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.step_profile [--threads N] [--concurrency 1,16,64]
 """
@@ -89,6 +92,7 @@ def instrument(llm, timer: PartTimer) -> None:
             module.forward = timer.wrap("linear", module.forward)
         elif isinstance(module, RMSNorm):
             module.forward = timer.wrap("rmsnorm", module.forward)
+            module.add_and_norm = timer.wrap("rmsnorm", module.add_and_norm)
         elif isinstance(module, llama.LlamaMLP):
             module.forward = timer.wrap("mlp act", module.forward)
         elif isinstance(module, (llama.LlamaDecoderLayer, llama.LlamaAttention,
@@ -154,6 +158,34 @@ def apply_variants(args) -> None:
         CpuLinear.forward = forward
 
 
+PULSE_CODE = """
+import sys, time
+burn, period = float(sys.argv[1]) / 1e3, float(sys.argv[2]) / 1e3
+while True:
+    end = time.perf_counter() + burn
+    while time.perf_counter() < end or period == 0:
+        pass
+    time.sleep(max(0.0, period - burn))
+"""
+
+
+@contextmanager
+def pulse_alongside(spec: str | None):
+    """A process burning CPU in pulses while the block runs (None: nothing)."""
+    if spec is None:
+        yield
+        return
+    import subprocess
+
+    burn_ms, period_ms = spec.split(":")
+    child = subprocess.Popen([sys.executable, "-c", PULSE_CODE, burn_ms, period_ms])
+    try:
+        yield
+    finally:
+        child.kill()
+        child.wait()
+
+
 @contextmanager
 def torch_profile(enabled: bool, label: str):
     if not enabled:
@@ -188,8 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--torch-ops", action="store_true", help="no fused C++ layer ops")
     p.add_argument("--onednn-one-row", action="store_true", help="oneDNN for one-row linears")
+    p.add_argument("--pulse", default=None, help="BURN_MS:PERIOD_MS of CPU alongside")
     args = p.parse_args(argv)
     apply_variants(args)
+    with pulse_alongside(args.pulse):
+        return run(args)
+
+
+def run(args) -> int:
     from conveyor.engine import LLM
 
     llm = LLM(args.model, max_num_seqs=max(args.concurrency), kv_cache_gib=1.0,

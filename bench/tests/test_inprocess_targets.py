@@ -1,0 +1,43 @@
+"""bench/inprocess_targets.py and bench/step_profile.py without the model: the FLOP count,
+the bandwidth reading, the target lines and the exclusive-time timer."""
+
+import torch
+
+from bench import inprocess_targets as targets
+from bench import roofline, step_profile
+from bench.step_profile import PartTimer
+
+SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "num_hidden_layers": 30, "vocab_size": 49152}
+
+
+def test_lm_head_counts_only_for_sampled_tokens():
+    body = roofline.params_per_token(SMOLLM2) - 49152 * 576
+    assert targets.run_flops(SMOLLM2, 256, 0) == 2.0 * body * 256
+    assert targets.run_flops(SMOLLM2, 0, 1) == 2.0 * roofline.params_per_token(SMOLLM2)
+
+
+def test_read_bandwidth_is_bytes_over_seconds():
+    gb_s = targets.read_bandwidth_gb_s(torch.ones(1 << 20), repeats=2)
+    assert 0.1 < gb_s < 10_000
+
+
+def test_target_lines_say_met_and_not_met():
+    result = {"threads": 2, "dtype": "float32", "weight_bytes": 538_000_000,
+              "read_bandwidth_gb_s": 40.0, "dram_floor_ms": 13.45, "tpot_c1_ms": 15.0,
+              "dram_floor_ratio": 15.0 / 13.45, "c1_pairs": [{}] * 3,
+              "roofline_gflops": 400.0, "peak_square_gflops": 200.0,
+              "achieved_gflops_c64": 250.0, "roofline_share": 0.625,
+              "c64": {"output_throughput": 230.0}}
+    text = targets.format_targets(result)
+    assert "1.12x (target <= 1.15x): met" in text
+    assert "62% of the roofline (target >= 80%): not met" in text
+
+
+def test_part_timer_gives_exclusive_time(monkeypatch):
+    timer = PartTimer()
+    clock = iter([0.0, 1.0, 3.0, 10.0])  # outer start, inner start, inner end, outer end
+    monkeypatch.setattr(step_profile.time, "perf_counter", lambda: next(clock))
+    inner = timer.wrap("inner", lambda: None)
+    timer.wrap("outer", inner)()
+    assert timer.seconds == {"inner": 2.0, "outer": 8.0}
