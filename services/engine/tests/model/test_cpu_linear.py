@@ -25,7 +25,9 @@ def test_matches_linear(rows: int, bias: bool) -> None:
 
 
 @needs_onednn
-def test_rows_take_the_packed_kernel_and_one_row_the_column_major_weight(monkeypatch) -> None:
+@pytest.mark.parametrize(("threads", "packed_rows"), [(1, [5]), (2, [1, 5])])
+def test_rows_take_the_packed_kernel_and_one_row_on_one_thread_the_column_major_weight(
+        monkeypatch, threads: int, packed_rows: list[int]) -> None:
     linear = nn.Linear(32, 16, bias=False)
     cpu = CpuLinear.from_linear(linear, pack=True)
     assert cpu.packed and cpu.weight.t().is_contiguous()
@@ -37,9 +39,11 @@ def test_rows_take_the_packed_kernel_and_one_row_the_column_major_weight(monkeyp
         return real(*args)
 
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
-    cpu(torch.randn(1, 32))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    out = cpu(torch.randn(1, 32))
     cpu(torch.randn(5, 32))
-    assert calls == [5]
+    assert calls == packed_rows
+    assert out.shape == (1, 16)
 
 
 @needs_onednn

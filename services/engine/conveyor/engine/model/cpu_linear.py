@@ -1,12 +1,12 @@
 """Linear layers on the CPU, with the GEMM kernel that suits the step's row count.
 
-Measured on this project's CPU machine (AMD EPYC, AVX2, fp32, one thread, 30 layers'
-weights streamed from DRAM; docs/performance.md, change 7): MKL's GEMM runs 1.2-1.6x
-slower than oneDNN with a prepacked weight from 2 to 1,024 rows, while MKL's GEMV on a
-column-major weight is the quickest for a single row (one stream decoding), where
-oneDNN is 1.4x slower. So a layer keeps its weight twice: column-major for one row,
-oneDNN-packed for more. Both compute in fp32 with fp32 accumulation; they differ only
-in summation order.
+Measured on this project's CPU machine (AMD EPYC, fp32, 30 layers' weights streamed
+from DRAM; docs/performance.md, change 7 and issue 19): MKL's GEMM runs 1.2-1.6x slower
+than oneDNN with a prepacked weight from 2 to 1,024 rows. For a single row (one stream
+decoding) MKL's GEMV on a column-major weight is the quickest on one thread, where oneDNN
+is 1.4x slower, but on two threads oneDNN is 1.65x faster than that GEMV. So a layer keeps
+its weight twice: column-major for one row on one thread, oneDNN-packed otherwise. Both
+compute in fp32 with fp32 accumulation; they differ only in summation order.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ def onednn_packing_available(dtype: torch.dtype) -> bool:
 
 
 class CpuLinear(nn.Module):
-    """`y = x W^T + b` for x [..., in]: one row through a column-major GEMV, several
-    through oneDNN's packed GEMM. `weight` stays an [out, in] parameter (a transposed
-    view of a contiguous [in, out] tensor), so state dicts and parameter names match
-    nn.Linear's."""
+    """`y = x W^T + b` for x [..., in]: one row on one thread through a column-major
+    GEMV, anything else through oneDNN's packed GEMM. `weight` stays an [out, in]
+    parameter (a transposed view of a contiguous [in, out] tensor), so state dicts and
+    parameter names match nn.Linear's."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, pack: bool) -> None:
         super().__init__()
@@ -63,7 +63,7 @@ class CpuLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if self._packed is None or rows == 1:
+        if self._packed is None or (rows == 1 and torch.get_num_threads() == 1):
             return F.linear(x, self.weight, self.bias)
         out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, self.in_features),
                                                  self._packed, self.bias, "none", [], "")
