@@ -103,7 +103,9 @@ def _inprocess(inproc: dict | None) -> list[PeerTarget]:
                            "not measured")]
     rows = []
     if inproc.get("tpot_c1_ms") and inproc.get("dram_floor_ms"):
-        ratio = inproc["tpot_c1_ms"] / inproc["dram_floor_ms"]
+        # the tool's own ratio when it gives one (medians of TPOTs each held to the floor
+        # measured next to it), else the ratio of the reported medians
+        ratio = inproc.get("dram_floor_ratio") or inproc["tpot_c1_ms"] / inproc["dram_floor_ms"]
         rows.append(PeerTarget("dram-floor", floor_label, (
             f"{inproc['tpot_c1_ms']:.1f} ms vs floor {inproc['dram_floor_ms']:.1f} ms "
             f"({inproc.get('weight_bytes', 0) / 1e6:.0f} MB / "
@@ -112,7 +114,8 @@ def _inprocess(inproc: dict | None) -> list[PeerTarget]:
     else:
         rows.append(PeerTarget("dram-floor", floor_label, "not measured", "not measured"))
     if inproc.get("achieved_gflops_c64") and inproc.get("roofline_gflops"):
-        share = inproc["achieved_gflops_c64"] / inproc["roofline_gflops"]
+        share = inproc.get("roofline_share") or (inproc["achieved_gflops_c64"] /
+                                                  inproc["roofline_gflops"])
         rows.append(PeerTarget("roofline", roof_label, (
             f"{inproc['achieved_gflops_c64']:.1f} vs {inproc['roofline_gflops']:.1f} GFLOP/s = "
             f"{share:.0%}"), "met" if share >= ROOFLINE_SHARE else "not met"))

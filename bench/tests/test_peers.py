@@ -245,6 +245,9 @@ def test_inprocess_targets_from_their_json():
     rows = {r.id: r for r in check_peer_targets(peers_results(), inproc)}
     assert rows["dram-floor"].status == "met" and "1.11x" in rows["dram-floor"].measured
     assert rows["roofline"].status == "not met" and "67%" in rows["roofline"].measured
+    paired = {**inproc, "dram_floor_ratio": 1.3}  # the tool's own paired ratio wins
+    row = next(r for r in check_peer_targets(peers_results(), paired) if r.id == "dram-floor")
+    assert row.status == "not met" and "1.30x" in row.measured
 
 
 def test_levers_rows_come_from_their_section(tmp_path):
