@@ -13,9 +13,9 @@ PROJECTS := common services/tokenizer services/detok services/engine services/ga
   services/batch
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PROJECTS))
 
-.PHONY: setup protos test test-fast run redis bench peers lint lock clean
+.PHONY: setup protos native test test-fast run redis bench peers lint lock clean
 
-setup: $(STAMP) protos
+setup: $(STAMP) protos native
 
 $(STAMP): $(PYPROJECTS) requirements-dev.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ $(STAMP): $(PYPROJECTS) requirements-dev.txt constraints.txt
 
 protos: $(STAMP)
 	$(PY) scripts/gen_protos.py
+
+# The engine's C++ kernels (attention, fused layer ops, weight formats), compiled once into
+# ~/.cache/conveyor/native; without a compiler the engine runs its torch code instead.
+native: $(STAMP) protos
+	@$(PY) -m conveyor.engine.native >/dev/null || \
+	  echo "native kernels not built (see above); the engine falls back to its torch code"
 
 redis:
 	@$(PY) scripts/ensure_redis.py
