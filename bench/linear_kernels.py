@@ -5,10 +5,16 @@ weights, so they stream from memory as in the engine; lm_head included) with eac
 and prints milliseconds, GFLOP/s, the speed-up over `aten-row` (F.linear on the [out, in]
 weight: what transformers runs) and the largest absolute error against an fp64 reference
 on one gate/up projection. This is the measurement behind the engine's CpuLinear
-(docs/performance.md, change 7) and behind the kernels it does not use.
+(docs/performance.md, change 7) and behind the kernels it does not use. The kernels take
+turns (`--rounds` rounds at each row count, each round running every kernel once and a
+plain read of as many bytes, `x.sum()`); the table gives each one's median, and GB/s as
+the fp32 weight bytes over that time, next to the same run's x.sum() read bandwidth.
 
 Kernels: aten-row; aten-col (F.linear on a column-major weight); onednn (fp32, weight
-prepacked by oneDNN); engine (CpuLinear: aten-col for one row, onednn for more);
+prepacked by oneDNN); gemv, gemv-avx2 (native/csrc/fp32_gemv.cpp on the row-major
+weight, its AVX-512 path where the CPU has one, and its AVX2 path); engine (CpuLinear:
+gemv up to GEMV_MAX_ROWS rows, onednn for more); engine-before (CpuLinear without the
+gemv: aten-col for one row on one thread, onednn otherwise);
 fbgemm-fp16 (weights stored in fp16, fp32 math); fbgemm-int8 (int8 weights and dynamically
 quantized int8 activations); int8-wo (int8 weight-only, per channel); int4-wo (4-bit
 weight-only, groups of 32: the layout of the Q4_1 checkpoint). The last three change the
@@ -16,13 +22,17 @@ weights' values (fbgemm-int8 the activations too); the weight-only ones are scal
 without AVX-512 and are timed only up to --max-slow-rows rows.
 
     .venv/bin/python bench/linear_kernels.py [--rows 1,16,256] [--threads 1] [--layers 30]
+        [--kernels onednn,gemv,engine] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,10 +74,22 @@ def _onednn(w: torch.Tensor) -> Linear:
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
-def _engine(w: torch.Tensor) -> Linear:
+def _engine(w: torch.Tensor, gemv: bool = True) -> Linear:
     from conveyor.engine.model.cpu_linear import CpuLinear, onednn_packing_available
 
-    return CpuLinear(w, None, pack=onednn_packing_available(w.dtype))
+    return CpuLinear(w, None, pack=onednn_packing_available(w.dtype), gemv=gemv)
+
+
+def _gemv(isa: str) -> Callable[[torch.Tensor], Linear]:
+    def make(w: torch.Tensor) -> Linear:
+        from conveyor.engine.model.cpu_linear import GEMV_ISAS, gemv_ops
+
+        ops = gemv_ops()
+        if ops is None:
+            raise SystemExit("the fp32 GEMV did not build here (see the log)")
+        code = GEMV_ISAS[isa]
+        return lambda x: ops.fp32_linear(x, w, None, code)
+    return make
 
 
 def _fbgemm_fp16(w: torch.Tensor) -> Linear:
@@ -82,7 +104,8 @@ def _aten_col(w: torch.Tensor) -> Linear:
 
 KERNELS: dict[str, Callable[[torch.Tensor], Linear]] = {
     "aten-row": lambda w: (lambda x: F.linear(x, w)), "aten-col": _aten_col,
-    "onednn": _onednn, "engine": _engine, "fbgemm-fp16": _fbgemm_fp16,
+    "onednn": _onednn, "gemv": _gemv("auto"), "gemv-avx2": _gemv("avx2"), "engine": _engine,
+    "engine-before": lambda w: _engine(w, gemv=False), "fbgemm-fp16": _fbgemm_fp16,
     "fbgemm-int8": _fbgemm_int8, "int8-wo": _int8_weight_only, "int4-wo": _int4_weight_only}
 
 
@@ -97,7 +120,8 @@ def forward_shapes(config: dict, layers: int) -> list[tuple[int, int]]:
 
 
 def time_forward(linears: list[tuple[int, Linear]], rows: int, repeats: int) -> float:
-    """Seconds for one pass over `linears` (each (in_features, fn)) at `rows` rows."""
+    """Seconds for one pass over `linears` (each (in_features, fn)) at `rows` rows
+    (after one untimed pass)."""
     inputs = {k: torch.randn(rows, k) for k, _ in linears}
     for k, fn in linears:
         fn(inputs[k])
@@ -115,33 +139,55 @@ def max_error(kernel: str, out_features: int, in_features: int, rows: int) -> fl
     return (KERNELS[kernel](w)(x).double() - reference).abs().max().item()
 
 
+def time_read(data: torch.Tensor, repeats: int) -> float:
+    """Seconds for one x.sum() over `data` (the plain-read reference), after one untimed."""
+    data.sum()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        data.sum()
+    return (time.perf_counter() - start) / repeats
+
+
 def survey(config: dict, rows_list: list[int], kernels: list[str], layers: int,
-           max_slow_rows: int) -> list[dict]:
+           max_slow_rows: int, rounds: int = 3) -> list[dict]:
     shapes = forward_shapes(config, layers)
     weights = [torch.randn(n, k) * 0.02 for n, k in shapes]
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     flops_per_row = 2.0 * sum(n * k for n, k in shapes)
     gate_up = max(shapes[:-1])
+    built = {kernel: [(w.shape[1], KERNELS[kernel](w)) for w in weights] for kernel in kernels}
+    stream = torch.randn(weight_bytes // 4)
+    seconds: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for rows in rows_list:
+        repeats = 2 if rows <= 64 else 1
+        for _ in range(rounds):  # the kernels take turns, so load changes hit them alike
+            seconds[("x.sum()", rows)].append(time_read(stream, repeats))
+            for kernel in kernels:
+                if kernel in SLOW and rows > max_slow_rows:
+                    continue
+                seconds[(kernel, rows)].append(time_forward(built[kernel], rows, repeats))
     results = []
-    for kernel in kernels:
-        linears = [(w.shape[1], KERNELS[kernel](w)) for w in weights]
-        for rows in rows_list:
-            if kernel in SLOW and rows > max_slow_rows:
-                continue
-            seconds = time_forward(linears, rows, repeats=2 if rows <= 64 else 1)
-            results.append({"kernel": kernel, "rows": rows, "ms": seconds * 1e3,
-                            "gflops": flops_per_row * rows / seconds / 1e9,
-                            "max_abs_error": max_error(kernel, *gate_up, rows)})
+    for (kernel, rows), times in seconds.items():
+        median = statistics.median(times)
+        results.append({"kernel": kernel, "rows": rows, "ms": median * 1e3,
+                        "gflops": 0.0 if kernel == "x.sum()" else
+                        flops_per_row * rows / median / 1e9,
+                        "gbps": weight_bytes / median / 1e9,
+                        "max_abs_error": 0.0 if kernel == "x.sum()" else
+                        max_error(kernel, *gate_up, rows)})
     return results
 
 
 def format_survey(results: list[dict]) -> str:
     base = {r["rows"]: r["ms"] for r in results if r["kernel"] == "aten-row"}
-    lines = [f"{'kernel':12s} {'rows':>5s} {'ms':>9s} {'GFLOP/s':>8s} {'vs aten-row':>11s} "
-             f"{'max abs err':>11s}"]
+    read = {r["rows"]: r["gbps"] for r in results if r["kernel"] == "x.sum()"}
+    lines = [f"{'kernel':13s} {'rows':>5s} {'ms':>9s} {'GFLOP/s':>8s} {'GB/s':>6s} "
+             f"{'of x.sum()':>10s} {'vs aten-row':>11s} {'max abs err':>11s}"]
     for r in sorted(results, key=lambda r: (r["rows"], r["kernel"])):
         speedup = f"{base[r['rows']] / r['ms']:.2f}x" if r["rows"] in base else "-"
-        lines.append(f"{r['kernel']:12s} {r['rows']:5d} {r['ms']:9.1f} {r['gflops']:8.1f} "
-                     f"{speedup:>11s} {r['max_abs_error']:11.1e}")
+        share = f"{r['gbps'] / read[r['rows']]:.0%}" if r["rows"] in read else "-"
+        lines.append(f"{r['kernel']:13s} {r['rows']:5d} {r['ms']:9.2f} {r['gflops']:8.1f} "
+                     f"{r['gbps']:6.1f} {share:>10s} {speedup:>11s} {r['max_abs_error']:11.1e}")
     return "\n".join(lines)
 
 
@@ -155,15 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--layers", type=int, default=None, help="default: the model's")
     p.add_argument("--max-slow-rows", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=3, help="turns each kernel takes per row count")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     config = load_model_config()
     with torch.inference_mode():
         results = survey(config, [int(r) for r in args.rows.split(",")],
                          args.kernels.split(","), args.layers or config["num_hidden_layers"],
-                         args.max_slow_rows)
+                         args.max_slow_rows, args.rounds)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-          f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
+          f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+          f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(format_survey(results))
     return 0
 

@@ -21,9 +21,12 @@ def test_survey_runs_every_kernel_and_reports_errors():
     by = {(r["kernel"], r["rows"]): r for r in results}
     assert all((k, 1) in by for k in KERNELS)
     assert all((k, 8) not in by for k in SLOW) and ("engine", 8) in by
-    for exact in ("aten-row", "aten-col", "onednn", "engine"):
+    for exact in ("aten-row", "aten-col", "onednn", "gemv", "gemv-avx2", "engine",
+                  "engine-before"):
         assert by[(exact, 1)]["max_abs_error"] < 1e-5
+    assert by[("x.sum()", 1)]["gbps"] > 0 and by[("x.sum()", 8)]["gbps"] > 0
     assert by[("fbgemm-int8", 8)]["max_abs_error"] > 10 * by[("engine", 8)]["max_abs_error"]
-    assert all(r["ms"] > 0 and r["gflops"] > 0 for r in results)
+    assert all(r["ms"] > 0 and r["gbps"] > 0 for r in results)
+    assert all(r["gflops"] > 0 for r in results if r["kernel"] != "x.sum()")
     table = format_survey(results)
     assert "1.00x" in table and "int4-wo" in table

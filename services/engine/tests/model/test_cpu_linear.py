@@ -1,22 +1,36 @@
 """CpuLinear: same results as nn.Linear on one row and on many, names kept, packed
-only where oneDNN takes the dtype."""
+only where oneDNN takes the dtype; few-row steps through the streaming GEMV on a
+row-major weight where it builds, the old column-major split where it does not."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conveyor.engine.model.cpu_linear import CpuLinear, onednn_packing_available, use_cpu_linears
+from conveyor.engine import native
+from conveyor.engine.model import cpu_linear
+from conveyor.engine.model.cpu_linear import (
+    GEMV_MAX_ROWS,
+    CpuLinear,
+    gemv_ops,
+    onednn_packing_available,
+    use_cpu_linears,
+)
 
 needs_onednn = pytest.mark.skipif(not onednn_packing_available(torch.float32),
                                   reason="this torch build has no oneDNN prepacked linear")
+needs_gemv = pytest.mark.skipif(gemv_ops() is None, reason="the fp32 GEMV does not build here")
 
 
-@pytest.mark.parametrize("rows", [0, 1, 2, 7, 64])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 7, 64])
 @pytest.mark.parametrize("bias", [False, True])
-def test_matches_linear(rows: int, bias: bool) -> None:
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+def test_matches_linear(monkeypatch, rows: int, bias: bool, isa: str) -> None:
+    monkeypatch.setattr(cpu_linear, "GEMV_ISA", cpu_linear.GEMV_ISAS[isa])
     torch.manual_seed(rows)
     linear = nn.Linear(96, 40, bias=bias)
     cpu = CpuLinear.from_linear(linear, pack=onednn_packing_available(torch.float32))
@@ -24,13 +38,47 @@ def test_matches_linear(rows: int, bias: bool) -> None:
     torch.testing.assert_close(cpu(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
+@needs_gemv
+@needs_onednn
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+def test_few_rows_take_the_gemv_on_the_row_major_weight_more_rows_onednn(
+        monkeypatch, threads: int, isa: str) -> None:
+    monkeypatch.setattr(cpu_linear, "GEMV_ISA", cpu_linear.GEMV_ISAS[isa])
+    linear = nn.Linear(32, 16)
+    cpu = CpuLinear.from_linear(linear, pack=True)
+    assert cpu.streams and cpu.packed and cpu.weight.is_contiguous()
+    assert cpu.weight.data_ptr() == linear.weight.data_ptr()  # no copy of its own
+    gemv_calls, packed_calls = [], []
+    ops = gemv_ops()
+    real_gemv, real_packed = ops.fp32_linear, torch.ops.mkldnn._linear_pointwise
+
+    def gemv_spy(x, weight, bias, code):
+        gemv_calls.append((x.shape[0], code))
+        return real_gemv(x, weight, bias, code)
+
+    def packed_spy(*args):
+        packed_calls.append(args[0].shape[0])
+        return real_packed(*args)
+
+    monkeypatch.setattr(ops, "fp32_linear", gemv_spy)
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", packed_spy)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    for rows in range(1, GEMV_MAX_ROWS + 2):
+        x = torch.randn(rows, 32)
+        torch.testing.assert_close(cpu(x), linear(x), rtol=1e-5, atol=1e-5)
+    code = cpu_linear.GEMV_ISAS[isa]
+    assert gemv_calls == [(rows, code) for rows in range(1, GEMV_MAX_ROWS + 1)]
+    assert packed_calls == [GEMV_MAX_ROWS + 1]
+
+
 @needs_onednn
 @pytest.mark.parametrize(("threads", "packed_rows"), [(1, [5]), (2, [1, 5])])
-def test_rows_take_the_packed_kernel_and_one_row_on_one_thread_the_column_major_weight(
+def test_without_the_gemv_rows_take_the_packed_kernel_and_one_row_on_one_thread_mkl(
         monkeypatch, threads: int, packed_rows: list[int]) -> None:
     linear = nn.Linear(32, 16, bias=False)
-    cpu = CpuLinear.from_linear(linear, pack=True)
-    assert cpu.packed and cpu.weight.t().is_contiguous()
+    cpu = CpuLinear.from_linear(linear, pack=True, gemv=False)
+    assert cpu.packed and not cpu.streams and cpu.weight.t().is_contiguous()
     calls = []
     real = torch.ops.mkldnn._linear_pointwise
 
@@ -55,6 +103,38 @@ def test_leading_dims_are_kept() -> None:
     assert out.shape == (3, 4, 8)
     torch.testing.assert_close(out, F.linear(x, linear.weight, linear.bias), rtol=1e-5,
                                atol=1e-5)
+
+
+@pytest.fixture
+def fresh_gemv_ops():
+    """gemv_ops() probed anew inside the test and again after it."""
+    gemv_ops.cache_clear()
+    yield
+    gemv_ops.cache_clear()
+
+
+def test_no_gemv_build_falls_back_to_the_column_major_split_logged_once(
+        monkeypatch, caplog, fresh_gemv_ops) -> None:
+    def no_compiler(*args, **kwargs):
+        raise native.NativeBuildError("native extension conveyor_fp32_gemv did not build: "
+                                      "no c++ compiler")
+
+    monkeypatch.setattr(native, "load_extension", no_compiler)
+    caplog.set_level(logging.WARNING, logger=cpu_linear.logger.name)
+    linears = [CpuLinear.from_linear(nn.Linear(24, 8), pack=False) for _ in range(3)]
+    assert not any(cpu.streams for cpu in linears)
+    assert all(cpu.weight.t().is_contiguous() for cpu in linears)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "fp32 GEMV unavailable" in warnings[0]
+    assert "no c++ compiler" in warnings[0]
+    x = torch.randn(1, 24)
+    torch.testing.assert_close(linears[0](x), F.linear(x, linears[0].weight, linears[0].bias))
+
+
+def test_the_gemv_can_be_switched_off(monkeypatch, fresh_gemv_ops) -> None:
+    monkeypatch.setenv("CONVEYOR_FP32_GEMV", "off")
+    assert gemv_ops() is None
+    assert not CpuLinear.from_linear(nn.Linear(8, 4), pack=False).streams
 
 
 def test_use_cpu_linears_keeps_names_and_values() -> None:

@@ -2,16 +2,23 @@
 
 Measured on this project's CPU machine (AMD EPYC, fp32, 30 layers' weights streamed
 from DRAM; docs/performance.md, change 7 and issue 19): MKL's GEMM runs 1.2-1.6x slower
-than oneDNN with a prepacked weight from 2 to 1,024 rows. For a single row (one stream
-decoding) MKL's GEMV on a column-major weight is the quickest on one thread, where oneDNN
-is 1.4x slower, but on two threads oneDNN is 1.65x faster than that GEMV. So a layer keeps
-its weight twice: column-major for one row on one thread, oneDNN-packed otherwise. Both
-compute in fp32 with fp32 accumulation; they differ only in summation order.
+than oneDNN with a prepacked weight from 2 to 1,024 rows, so larger steps go through
+oneDNN. A decode step of a few rows reads every weight byte once for 2 flops per byte
+per row, so it is bound by how fast the weights stream from DRAM: up to GEMV_MAX_ROWS
+rows go through native/csrc/fp32_gemv.cpp (a streaming GEMV on the row-major weight,
+AVX-512 or AVX2), which reads them faster than oneDNN's GEMM does. A layer keeps its
+weight twice: row-major for the GEMV, oneDNN-packed for the rest. Where the GEMV cannot
+be built (no compiler, no AVX2; logged once) the old split holds: the weight is kept
+column-major and one row on one thread takes MKL's GEMV on it. All compute in fp32 with
+fp32 accumulation; they differ only in summation order.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +29,36 @@ logger = logging.getLogger(__name__)
 PACK_BATCH_HINT = 2048
 """Rows oneDNN is told to expect when it picks the packed layout (the default
 max_num_batched_tokens); measured within noise of a 16-row hint at 2-32 rows."""
+
+
+GEMV_EXTENSION = "conveyor_fp32_gemv"
+GEMV_SOURCES = ("fp32_gemv.cpp",)
+GEMV_MAX_ROWS = 2
+"""Steps of at most this many rows take the streaming GEMV (bench/linear_kernels.py)."""
+GEMV_ISAS = {"auto": 0, "avx2": 1, "avx512": 2}
+GEMV_ISA = GEMV_ISAS.get(os.environ.get("CONVEYOR_FP32_GEMV", "auto"), 0)
+"""The GEMV's code path: CONVEYOR_FP32_GEMV=avx2 or avx512 forces one (auto: AVX-512 where
+the CPU has it); CONVEYOR_FP32_GEMV=off keeps the GEMV out (see gemv_ops)."""
+
+
+@functools.cache
+def gemv_ops() -> ModuleType | None:
+    """The compiled fp32 GEMV (built first if need be), or None where it is switched off
+    (CONVEYOR_FP32_GEMV=off) or cannot be built or run here (the reason logged once)."""
+    from conveyor.engine.native import CPU_CFLAGS, NativeBuildError, load_extension
+
+    if os.environ.get("CONVEYOR_FP32_GEMV") == "off":
+        logger.info("fp32 GEMV switched off (CONVEYOR_FP32_GEMV=off); using oneDNN/MKL")
+        return None
+    try:
+        module = load_extension(GEMV_EXTENSION, GEMV_SOURCES, CPU_CFLAGS)
+        isa = module.isa_name(GEMV_ISA)
+    except (NativeBuildError, RuntimeError) as exc:
+        logger.warning("fp32 GEMV unavailable, using oneDNN/MKL for few-row steps: %s", exc)
+        return None
+    logger.info("fp32 GEMV: native (%s, %s) for steps of up to %d rows", GEMV_EXTENSION, isa,
+                GEMV_MAX_ROWS)
+    return module
 
 
 def onednn_packing_available(dtype: torch.dtype) -> bool:
@@ -39,30 +76,43 @@ def onednn_packing_available(dtype: torch.dtype) -> bool:
 
 
 class CpuLinear(nn.Module):
-    """`y = x W^T + b` for x [..., in]: one row on one thread through a column-major
-    GEMV, anything else through oneDNN's packed GEMM. `weight` stays an [out, in]
-    parameter (a transposed view of a contiguous [in, out] tensor), so state dicts and
-    parameter names match nn.Linear's."""
+    """`y = x W^T + b` for x [..., in]: up to GEMV_MAX_ROWS rows through the streaming
+    fp32 GEMV on a row-major weight, more through oneDNN's packed GEMM. Without the GEMV
+    (not fp32, not built), one row on one thread goes through MKL's GEMV on a column-major
+    weight instead. `weight` stays an [out, in] parameter (contiguous, or a transposed view
+    of a contiguous [in, out] tensor), so state dicts and parameter names match nn.Linear's."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, pack: bool) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, pack: bool,
+                 gemv: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.weight = nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
+        self._gemv = (gemv_ops() if gemv and weight.dtype == torch.float32
+                      and weight.device.type == "cpu" else None)
+        stored = (weight.detach().contiguous() if self._gemv is not None
+                  else weight.detach().t().contiguous().t())
+        self.weight = nn.Parameter(stored, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self._packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(),
                                                                 PACK_BATCH_HINT)
                         if pack else None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, *, pack: bool) -> CpuLinear:
-        return cls(linear.weight, linear.bias, pack=pack)
+    def from_linear(cls, linear: nn.Linear, *, pack: bool, gemv: bool = True) -> CpuLinear:
+        return cls(linear.weight, linear.bias, pack=pack, gemv=gemv)
 
     @property
     def packed(self) -> bool:
         return self._packed is not None
 
+    @property
+    def streams(self) -> bool:
+        """Whether steps of up to GEMV_MAX_ROWS rows take the streaming GEMV."""
+        return self._gemv is not None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
+        if rows <= GEMV_MAX_ROWS and self._gemv is not None:
+            return self._gemv.fp32_linear(x, self.weight, self.bias, GEMV_ISA)
         if self._packed is None or (rows == 1 and torch.get_num_threads() == 1):
             return F.linear(x, self.weight, self.bias)
         out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, self.in_features),
@@ -71,7 +121,7 @@ class CpuLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, packed={self.packed}")
+                f"bias={self.bias is not None}, packed={self.packed}, streams={self.streams}")
 
 
 def use_cpu_linears(root: nn.Module, dtype: torch.dtype) -> int:
