@@ -1,18 +1,21 @@
 """Decode attention alone: the torch backend (block gather + SDPA) against `native` (the
-C++ kernel reading the pool in place), at SmolLM2-135M's shapes (9 query heads over 3 KV
-heads, head_dim 64, block 16), one decode step of N requests over 30 layers' pools.
+C++ kernel reading the pool in place) on each of its code paths, at SmolLM2-135M's shapes
+(9 query heads over 3 KV heads, head_dim 64, block 16), one decode step of N requests over
+30 layers' pools.
 
-    .venv/bin/python bench/decode_attention.py [--threads 2] [--layers 30] [--repeats 5]
+    .venv/bin/python bench/decode_attention.py [--threads 2] [--layers 30] [--repeats 7]
+        [--paths avx2 avx512-cascade]
 
 Scenarios: N in {16, 64} x context in {256, 768}, plain (every request its own blocks)
 and shared-prefix (the first 2/3 of the context, 512 of 768 / 160 of 256 tokens, in
 blocks every request shares, as a cached system prompt gives). Each step walks a
 separate pool per layer, so K/V stream from DRAM as in the engine (a single layer's pool
-would sit in L3). Printed per scenario: ms per step (all layers, best of --repeats,
-the two backends taking turns),
-the speedup, the step's distinct K/V bytes over the DRAM read bandwidth measured in the
-same run (the floor for a kernel that reads every distinct byte once), and the max abs
-difference between the two backends.
+would sit in L3). Printed per scenario: ms per step (all layers, best of --repeats, the
+backends taking turns) of torch and of each native path (--paths, names of
+native_kernel.KERNEL_PATHS; the AVX-512 one where the CPU has it), each path's speedup
+over the first path, the step's distinct K/V bytes over the DRAM read bandwidth measured in
+the same run (the floor for a kernel that reads every distinct byte once), and the max abs
+difference of any native path from torch.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import time
 import torch
 
 from conveyor.engine.attention import AttentionMetadata, AttentionSpec, create_backend
+from conveyor.engine.attention.native_backend import NativeAttentionBackend
+from conveyor.engine.attention.native_kernel import load_decode_kernel
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
@@ -85,15 +90,16 @@ def run_scenario(num_seqs: int, context: int, shared: int, args, bandwidth: floa
     query = torch.randn(num_seqs, HEADS, HEAD_DIM, generator=gen)
     key, value = (torch.randn(num_seqs, KV_HEADS, HEAD_DIM, generator=gen) for _ in range(2))
     spec = AttentionSpec(HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM ** -0.5)
-    backends = {name: create_backend(name, spec) for name in ("torch", "native")}
+    backends = {"torch": create_backend("torch", spec)}
+    backends.update({path: NativeAttentionBackend(spec, path) for path in args.paths})
     timed = time_steps(backends, meta, pools, query, key, value, args.repeats)
-    (torch_ms, torch_out), (native_ms, native_out) = timed["torch"], timed["native"]
     kv_bytes = num_blocks * BLOCK * KV_HEADS * HEAD_DIM * 4 * 2 * args.layers
+    torch_out = timed["torch"][1]
     return {"num_seqs": num_seqs, "context": context, "shared": shared,
-            "torch_ms": round(torch_ms, 2), "native_ms": round(native_ms, 2),
-            "speedup": round(torch_ms / native_ms, 2),
+            "ms": {name: round(ms, 2) for name, (ms, _) in timed.items()},
             "floor_ms": round(kv_bytes / bandwidth / 1e6, 2),
-            "max_abs_diff": float((torch_out - native_out).abs().max())}
+            "max_abs_diff": max(float((timed[path][1] - torch_out).abs().max())
+                                for path in args.paths)}
 
 
 def main() -> None:
@@ -103,25 +109,33 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seqs", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 768])
+    parser.add_argument("--paths", nargs="+", default=["avx2", "avx512-cascade"],
+                        help="native kernel paths to time (native_kernel.KERNEL_PATHS)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
+    if not load_decode_kernel().has_avx512():
+        args.paths = [path for path in args.paths if path != "avx512-cascade"]
     torch.set_num_threads(args.threads)
     bandwidth = read_bandwidth_gbs()
     print(f"threads {args.threads}, load average {os.getloadavg()[0]:.2f}, "
           f"DRAM read {bandwidth:.1f} GB/s")
-    print("  N  ctx shared | torch ms native ms speedup | K/V floor ms | max abs diff")
+    first = args.paths[0]
+    print("  N  ctx shared | torch ms | " + " | ".join(f"{p} ms (x vs {first})" for p in args.paths)
+          + " | K/V floor ms | max abs diff")
     rows = []
     for num_seqs in args.seqs:
         for context in args.contexts:
             for shared in (0, (context * 2 // 3) // BLOCK * BLOCK):
                 row = run_scenario(num_seqs, context, shared, args, bandwidth)
                 rows.append(row)
-                print(f"{num_seqs:3d} {context:4d} {shared:6d} | {row['torch_ms']:8.2f} "
-                      f"{row['native_ms']:9.2f} {row['speedup']:6.2f}x | "
-                      f"{row['floor_ms']:12.2f} | {row['max_abs_diff']:.1e}")
+                ms = row["ms"]
+                paths = " | ".join(f"{ms[p]:7.2f} ({ms[first] / ms[p]:.2f}x)" for p in args.paths)
+                print(f"{num_seqs:3d} {context:4d} {shared:6d} | {ms['torch']:8.2f} | {paths} | "
+                      f"{row['floor_ms']:12.2f} | {row['max_abs_diff']:.1e}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "bandwidth_gbs": bandwidth, "rows": rows}, f,
+            json.dump({"threads": args.threads, "bandwidth_gbs": bandwidth, "paths": args.paths,
+                       "rows": rows}, f,
                       indent=1)
 
 

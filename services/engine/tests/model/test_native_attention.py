@@ -1,4 +1,6 @@
-"""The `native` backend (C++ decode kernel over the paged pool) against the torch one.
+"""The `native` backend (C++ decode kernel over the paged pool) against the torch one, on
+each of the kernel's code paths (AVX2; the AVX-512 shared-block cascade, skipped where the
+CPU lacks AVX-512).
 
 The kernel is built once into the user's cache (CONVEYOR_NATIVE_DIR) by the first test
 that needs it (~30 s, then imported in well under a second). Skipped, not failed, only
@@ -16,6 +18,7 @@ import pytest
 import torch
 
 from conveyor.engine.attention import create_backend
+from conveyor.engine.attention.native_backend import NativeAttentionBackend
 from conveyor.engine.native import NativeBuildError, load_extension
 
 TOLERANCE = 1e-4
@@ -27,14 +30,28 @@ needs_kernel = pytest.mark.skipif(
     reason="no C++ compiler or no AVX2 on this machine: the native kernel cannot build")
 
 
-def attend(name: str, step) -> torch.Tensor:
-    backend = create_backend(name, step.spec)
+PATHS = ("avx2", "avx512-cascade")
+"""The kernel paths every native test runs on (native_kernel.KERNEL_PATHS but auto)."""
+
+
+def native_backend(spec, path: str) -> NativeAttentionBackend:
+    """The native backend forced onto `path`; skips the test where the CPU cannot run it."""
+    backend = NativeAttentionBackend(spec)
+    if path == "avx512-cascade" and not backend._kernel.has_avx512():
+        pytest.skip("this CPU lacks AVX-512: only the AVX2 path runs here")
+    return NativeAttentionBackend(spec, path)
+
+
+def attend(step, path: str | None = None) -> torch.Tensor:
+    """The step through the torch backend (path None) or the native one on `path`."""
+    backend = create_backend("torch", step.spec) if path is None else native_backend(step.spec,
+                                                                                       path)
     cache = step.kv_cache.clone()
     return backend.forward(step.query, step.key, step.value, cache, backend.plan(step.meta))
 
 
-def assert_matches_torch(step) -> None:
-    diff = (attend("native", step) - attend("torch", step)).abs().max().item()
+def assert_matches_torch(step, path: str) -> None:
+    diff = (attend(step, path) - attend(step)).abs().max().item()
     assert diff <= TOLERANCE, diff
 
 
@@ -47,19 +64,22 @@ STEPS = {
 
 
 @needs_kernel
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("window", [None, 6, 40])
 @pytest.mark.parametrize(("block_size", "group", "head_dim"),
                          [(16, 3, 64), (4, 1, 32), (8, 4, 128), (1, 3, 64), (5, 2, 64)])
 @pytest.mark.parametrize("seqs", STEPS.values(), ids=STEPS.keys())
-def test_native_matches_torch(make_random_step, seqs, block_size, group, head_dim, window):
+def test_native_matches_torch(make_random_step, seqs, block_size, group, head_dim, window,
+                              path):
     step = make_random_step(block_size=block_size, num_kv_heads=3, group=group,
                             head_dim=head_dim, seqs=seqs, sliding_window=window, seed=7)
-    assert_matches_torch(step)
+    assert_matches_torch(step, path)
 
 
 @needs_kernel
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_shared_prefix_blocks_and_thread_splits(make_random_step, threads):
+def test_shared_prefix_blocks_and_thread_splits(make_random_step, threads, path):
     """Requests whose tables share their first blocks (a cached prefix), split over
     threads at item boundaries that fall inside a request's kv heads."""
     step = make_random_step(block_size=16, num_kv_heads=3, group=3, head_dim=64,
@@ -68,9 +88,49 @@ def test_shared_prefix_blocks_and_thread_splits(make_random_step, threads):
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        assert_matches_torch(step)
+        assert_matches_torch(step, path)
     finally:
         torch.set_num_threads(previous)
+
+
+@needs_kernel
+@pytest.mark.parametrize("num_sharing", [3, 6, 11, 17])
+@pytest.mark.parametrize(("block_size", "group", "head_dim", "window"),
+                         [(16, 3, 64, None), (4, 1, 32, None), (8, 4, 128, 30), (5, 2, 64, 23)])
+def test_cascade_groups_requests_sharing_blocks(make_random_step, block_size, group, head_dim,
+                                                window, num_sharing):
+    """Requests on two cached prefixes, interleaved, the first prefix's group of query rows
+    from `num_sharing` requests (row counts that fill 16-row vectors, a last 8, or neither),
+    one prefix ending inside a block they share, then each request's own blocks: the cascade
+    (one pass over a shared block for all its requests' rows) matches torch."""
+    lengths = [41 + 7 * (i % 5) for i in range(2 * num_sharing)]
+    step = make_random_step(block_size=block_size, num_kv_heads=3, group=group,
+                            head_dim=head_dim, seqs=[(n, 1) for n in lengths],
+                            sliding_window=window, seed=5)
+    tables = step.meta.block_tables
+    prefix = 40 // block_size + 1  # the blocks holding tokens 0..40; the last one partly
+    tables[2::2, :prefix] = tables[0, :prefix]  # requests 0, 2, 4, ...: the first prefix
+    tables[3::2, :prefix] = tables[1, :prefix]  # requests 1, 3, 5, ...: the second
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # every request in one thread's range: the largest groups
+    try:
+        assert_matches_torch(step, "avx512-cascade")
+    finally:
+        torch.set_num_threads(previous)
+
+
+@needs_kernel
+def test_kernel_paths_by_name(make_random_step):
+    step = make_random_step(block_size=4, num_kv_heads=1, group=2, head_dim=32, seqs=[(5, 1)])
+    auto = NativeAttentionBackend(step.spec)
+    has_avx512 = auto._kernel.has_avx512()
+    assert auto.kernel_path == ("avx512-cascade" if has_avx512 else "avx2")
+    assert create_backend("native", step.spec).kernel_path == auto.kernel_path
+    with pytest.raises(ValueError, match="kernel_path 'avx9' is not one of"):
+        NativeAttentionBackend(step.spec, "avx9")
+    if not has_avx512:
+        with pytest.raises(ValueError, match="needs AVX-512"):
+            NativeAttentionBackend(step.spec, "avx512-cascade")
 
 
 @needs_kernel
@@ -81,8 +141,8 @@ def test_kernel_refuses_bad_tables_and_lengths(make_random_step):
     out = torch.empty_like(step.query)
     meta = step.meta
 
-    def call(tables, lens):
-        kernel.paged_decode_attention(out, step.query, step.kv_cache, tables, lens, 1.0, 0)
+    def call(tables, lens, path=0):
+        kernel.paged_decode_attention(out, step.query, step.kv_cache, tables, lens, 1.0, 0, path)
 
     bad_block = meta.block_tables.clone()
     bad_block[0, 0] = step.kv_cache.shape[1]
@@ -92,6 +152,8 @@ def test_kernel_refuses_bad_tables_and_lengths(make_random_step):
         call(meta.block_tables, torch.tensor([6, 0]))
     with pytest.raises(RuntimeError, match="block_tables must be a contiguous int32"):
         call(meta.block_tables.long(), meta.seq_lens)
+    with pytest.raises(RuntimeError, match="path 3 is not one of 0..2"):
+        call(meta.block_tables, meta.seq_lens, path=3)
 
 
 @needs_kernel
@@ -182,3 +244,47 @@ def test_greedy_batched_mixed_steps_match_transformers(native_model, make_driver
             reference = hf_model.generate(torch.tensor([ids]), do_sample=False,
                                           max_new_tokens=10, pad_token_id=2)[0, len(ids):]
         assert outputs[name][:len(reference)] == reference.tolist(), name
+
+
+@needs_kernel
+@pytest.mark.slow
+def test_greedy_with_shared_prefix_blocks_matches_transformers(native_model, make_driver,
+                                                               hf_model, tokenizer):
+    """Four prompts on one prefix whose blocks they share in the pool, as prefix caching
+    gives (the first request's prefill writes them, the others start past them): their
+    decode steps take the cascade's shared groups (12 query rows a block, one thread, on
+    auto where the CPU has AVX-512); greedy output is transformers'."""
+    from conveyor.engine.worker.model_runner import ModelRunner
+    from conveyor.engine.worker.runner_config import RunnerConfig
+
+    prefix = "The river town woke slowly. Bakers lit their ovens before dawn. " * 6
+    prompts = [tokenizer(prefix + tail)["input_ids"]
+               for tail in ("Then", "Meanwhile", "Later that day", "At noon")]
+    common = next(i for i in range(len(prompts[0]))
+                  if len({tuple(p[:i + 1]) for p in prompts}) > 1)
+    block_size = 16
+    shared = common // block_size * block_size
+    assert shared >= 4 * block_size
+    runner = ModelRunner(RunnerConfig(model="(preloaded)", attention_backend="native",
+                                      block_size=block_size, num_blocks=256, max_model_len=1024,
+                                      max_num_batched_tokens=512, max_num_seqs=16),
+                         model=native_model)
+    driver = make_driver(runner, token_budget=48, seed=2)
+    driver.add("p0", prompts[0], 10)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # all four requests in one thread's items: groups of 12 rows
+    try:
+        while driver.requests[0].num_computed < shared:
+            driver.step()
+        for i, ids in enumerate(prompts[1:], start=1):
+            driver.add(f"p{i}", ids, 10)
+            driver.requests[i].block_table = driver.requests[0].block_table[:shared // block_size]
+            driver.requests[i].num_computed = shared
+        outputs = driver.run()
+    finally:
+        torch.set_num_threads(previous)
+    for i, ids in enumerate(prompts):
+        with torch.inference_mode():
+            reference = hf_model.generate(torch.tensor([ids]), do_sample=False,
+                                          max_new_tokens=10, pad_token_id=2)[0, len(ids):]
+        assert outputs[f"p{i}"][:len(reference)] == reference.tolist(), i

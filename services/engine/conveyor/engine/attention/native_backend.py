@@ -3,9 +3,11 @@ in place; prefill chunks through the torch backend's gather + SDPA.
 
 The kernel (native/csrc/paged_decode_attention.cpp) walks each decode request's block
 table straight from the pool with an online softmax, parallel over (kv head, request):
-no context is copied into a workspace, and requests sharing a cached prefix read its
-blocks back to back while they are in cache. It takes fp32 pools and head sizes of
-native_kernel.HEAD_DIMS; the constructor refuses anything else, naming the setting.
+no context is copied into a workspace. On AVX-512 the requests of a thread whose tables
+hold the same block at a column (a cached prefix) take it in one pass for all their query
+heads (the cascade); on AVX2 they read it back to back while it is in cache. It takes fp32
+pools and head sizes of native_kernel.HEAD_DIMS; the constructor refuses anything else,
+naming the setting.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from conveyor.engine.attention.backend import AttentionSpec
 from conveyor.engine.attention.metadata import AttentionMetadata
-from conveyor.engine.attention.native_kernel import HEAD_DIMS, load_decode_kernel
+from conveyor.engine.attention.native_kernel import HEAD_DIMS, KERNEL_PATHS, load_decode_kernel
 from conveyor.engine.attention.torch_backend import TorchAttentionBackend, store_kv
 from conveyor.engine.attention.torch_plan import TorchAttentionPlan, build_plan
 
@@ -45,15 +47,28 @@ class NativeAttentionBackend:
 
     name = "native"
 
-    def __init__(self, spec: AttentionSpec) -> None:
+    def __init__(self, spec: AttentionSpec, kernel_path: str = "auto") -> None:
+        """kernel_path: a key of native_kernel.KERNEL_PATHS (auto: the best this CPU runs)."""
         if spec.head_dim not in HEAD_DIMS:
             raise ValueError(f"attention backend native supports head_dim {HEAD_DIMS}, the "
                              f"model has {spec.head_dim}; set attention_backend torch")
         self.spec = spec
         self._kernel = load_decode_kernel()
+        self.use_kernel_path(kernel_path)
         self._torch = TorchAttentionBackend(spec)
-        log.info("attention backend native: decode tokens through the C++ AVX2 kernel %s, "
-                 "prefill chunks through torch SDPA", self._kernel.__file__)
+        log.info("attention backend native: decode tokens through the C++ kernel %s (%s), "
+                 "prefill chunks through torch SDPA", self._kernel.__file__, self.kernel_path)
+
+    def use_kernel_path(self, kernel_path: str) -> None:
+        """Decode through `kernel_path` from now on (a key of native_kernel.KERNEL_PATHS)."""
+        if kernel_path not in KERNEL_PATHS:
+            raise ValueError(f"kernel_path {kernel_path!r} is not one of {list(KERNEL_PATHS)}")
+        if kernel_path == "auto":
+            kernel_path = "avx512-cascade" if self._kernel.has_avx512() else "avx2"
+        elif kernel_path == "avx512-cascade" and not self._kernel.has_avx512():
+            raise ValueError(f"kernel_path {kernel_path} needs AVX-512, which this CPU lacks")
+        self.kernel_path = kernel_path
+        self._path = KERNEL_PATHS[kernel_path]
 
     def plan(self, meta: AttentionMetadata) -> NativeAttentionPlan:
         if meta.is_decode_only:
@@ -88,5 +103,5 @@ class NativeAttentionBackend:
         out = torch.empty_like(query)
         self._kernel.paged_decode_attention(out, query, kv_cache, plan.block_tables,
                                             plan.seq_lens, self.spec.scale,
-                                            self.spec.sliding_window or 0)
+                                            self.spec.sliding_window or 0, self._path)
         return out

@@ -17,6 +17,11 @@ EXTENSION = "conveyor_paged_attention"
 SOURCES = ("paged_decode_attention.cpp",)
 HEAD_DIMS = (32, 64, 128)
 """Head sizes the kernel is instantiated for."""
+KERNEL_PATHS = {"auto": 0, "avx2": 1, "avx512-cascade": 2}
+"""The kernel's code paths by name (its `path` argument): auto takes the AVX-512 cascade
+(requests sharing a block at a column take it in one pass) where the CPU has AVX-512
+F/DQ/BW/VL, else AVX2; the others force one (the A/B benchmarks, and tests that cover the
+AVX2 path on an AVX-512 machine)."""
 
 
 def load_decode_kernel() -> ModuleType:

@@ -6,6 +6,18 @@
 // physical blocks (a cached prefix) read each shared block back to back while it is in L1
 // rather than once per sequence from DRAM.
 // Per sequence: the G = H / Hkv query heads of the kv head, an online softmax per block.
+//
+// Two paths, chosen at run time (the library is built for AVX2 + FMA; the AVX-512 functions
+// carry a target attribute, so one build runs on either kind of host):
+//   AVX2     per item: G rows of scores over 8-lane dot products, then the values.
+//   cascade  (AVX-512) per block column, the items of one kv head whose block and token range
+//            are the same (requests sharing a cached prefix) form a group. A group of more
+//            than 8 query rows takes the lane layout: 16 rows per zmm (a last 8 in a ymm),
+//            scores as rows x keys with each key element broadcast (no horizontal sums),
+//            softmax across the tokens' vectors, values accumulated 6 rows at a time, so
+//            each key and value row is loaded once for all the group's rows; each row keeps
+//            its own online softmax state. Smaller groups (a request's own blocks) take the
+//            AVX2 code per item.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -21,20 +33,18 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // e^x for x <= 0 (softmax after the max is subtracted): 2^n * p(r), x = n ln2 + r,
 // |r| <= ln2 / 2, p the degree-7 Taylor polynomial (relative error < 2e-8 before rounding).
+constexpr float kLog2e = 1.44269504f, kLn2High = 0.693145752f, kLn2Low = 1.42860677e-6f;
+constexpr float kExpPoly[] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
+                              1.0f / 6,    0.5f,       1.0f,       1.0f};  // highest first
+
 inline __m256 exp_nonpositive(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 5040);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2High), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Low), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
   const __m256i bits = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
@@ -244,20 +254,369 @@ void attend_items(const Pool& pool, const Batch& batch, int64_t begin, int64_t e
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The cascade (AVX-512).
+
+#define CONVEYOR_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
+
+// e^x for x <= 0, as exp_nonpositive (same reduction and polynomial), 16 lanes.
+CONVEYOR_AVX512 inline __m512 exp_nonpositive512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  return _mm512_scalef_ps(p, n);
+}
+
+// A group: the query rows of the items whose block at a column is the same (block id, kv
+// head, token range). Row j is grp.row[j] of the thread's rows: its query q[row * D] (scaled),
+// its state max[row], sum[row], acc[row * D]. Item i holds rows i * G .. i * G + G - 1.
+struct Group {
+  const int32_t* row;
+  int64_t num_rows;
+  const float* q;
+  float* acc;
+  float* max;
+  float* sum;
+};
+
+// The lane layout's scratch: the group's queries transposed, qt[d * rp + j] = q[row j][d]
+// (rp: the rows rounded up to 8, padding 0), kept while the kv head's next group has the same
+// rows (a shared prefix: every column); the scores st[t * rp + j] (then probabilities); the
+// rows' max, sum and output corrections gathered. One per kv head, whose groups alternate.
+struct LaneScratch {
+  std::vector<float> qt, st, max, sum, correction;
+  std::vector<int32_t> rows;  // the rows qt holds
+};
+
+constexpr int64_t kLaneRows = 8;  // groups of more rows take the lane layout
+
 template <int D>
-void attend(const Pool& pool, const Batch& batch, int64_t num_seqs) {
+void transpose_queries(const Group& grp, int64_t rp, LaneScratch& ls) {
+  if (ls.rows.size() == static_cast<size_t>(grp.num_rows) &&
+      std::equal(ls.rows.begin(), ls.rows.end(), grp.row))
+    return;
+  ls.rows.assign(grp.row, grp.row + grp.num_rows);
+  ls.qt.assign(D * rp, 0.0f);
+  for (int64_t j = 0; j < grp.num_rows; ++j) {
+    const float* q = grp.q + grp.row[j] * D;
+    for (int64_t d = 0; d < D; ++d) ls.qt[d * rp + j] = q[d];
+  }
+}
+
+// st[t][rows lane0 ..] = the scores of NL (1, 2) * 16 rows (zmm) and, with HALF, 8 more
+// (ymm) for the block's tokens t0..t1, 4 tokens at a time (a token past t1 repeats the last
+// one; st has room for 4 rows past the block): rows in the lanes, each key element broadcast,
+// no horizontal sums. Accumulators are named, not an array, and the function is not inlined:
+// GCC 12 otherwise keeps them in memory and the pointers in vector registers.
+template <int D, int NL, bool HALF>
+__attribute__((noinline)) CONVEYOR_AVX512 void scores_lanes512(
+    const float* qt, int64_t rp, int64_t lane0, const float* k, int64_t token_stride,
+    int64_t t0, int64_t t1, float* st) {
+  static_assert(NL == 1 || NL == 2, "one or two zmm blocks of rows");
+  for (int64_t t = t0; t < t1; t += 4) {
+    const float* k0 = k + t * token_stride;
+    const float* k1 = k + std::min(t + 1, t1 - 1) * token_stride;
+    const float* k2 = k + std::min(t + 2, t1 - 1) * token_stride;
+    const float* k3 = k + std::min(t + 3, t1 - 1) * token_stride;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // rows 0..15, tokens 0..3
+    __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                   // rows 16..31
+    __m256 h0 = _mm256_setzero_ps(), h1 = h0, h2 = h0, h3 = h0;  // the 8 rows after them
+    const float* qd = qt + lane0;
+    for (int d = 0; d < D; ++d, qd += rp) {
+      const __m512 k0d = _mm512_set1_ps(k0[d]), k1d = _mm512_set1_ps(k1[d]);
+      const __m512 k2d = _mm512_set1_ps(k2[d]), k3d = _mm512_set1_ps(k3[d]);
+      const __m512 q0 = _mm512_loadu_ps(qd);
+      a0 = _mm512_fmadd_ps(q0, k0d, a0);
+      a1 = _mm512_fmadd_ps(q0, k1d, a1);
+      a2 = _mm512_fmadd_ps(q0, k2d, a2);
+      a3 = _mm512_fmadd_ps(q0, k3d, a3);
+      if constexpr (NL == 2) {
+        const __m512 q1 = _mm512_loadu_ps(qd + 16);
+        b0 = _mm512_fmadd_ps(q1, k0d, b0);
+        b1 = _mm512_fmadd_ps(q1, k1d, b1);
+        b2 = _mm512_fmadd_ps(q1, k2d, b2);
+        b3 = _mm512_fmadd_ps(q1, k3d, b3);
+      }
+      if constexpr (HALF) {
+        const __m256 q8 = _mm256_loadu_ps(qd + 16 * NL);
+        h0 = _mm256_fmadd_ps(q8, _mm512_castps512_ps256(k0d), h0);
+        h1 = _mm256_fmadd_ps(q8, _mm512_castps512_ps256(k1d), h1);
+        h2 = _mm256_fmadd_ps(q8, _mm512_castps512_ps256(k2d), h2);
+        h3 = _mm256_fmadd_ps(q8, _mm512_castps512_ps256(k3d), h3);
+      }
+    }
+    float* s = st + t * rp + lane0;
+    _mm512_storeu_ps(s, a0);
+    _mm512_storeu_ps(s + rp, a1);
+    _mm512_storeu_ps(s + 2 * rp, a2);
+    _mm512_storeu_ps(s + 3 * rp, a3);
+    if constexpr (NL == 2) {
+      _mm512_storeu_ps(s + 16, b0);
+      _mm512_storeu_ps(s + rp + 16, b1);
+      _mm512_storeu_ps(s + 2 * rp + 16, b2);
+      _mm512_storeu_ps(s + 3 * rp + 16, b3);
+    }
+    if constexpr (HALF) {
+      _mm256_storeu_ps(s + 16 * NL, h0);
+      _mm256_storeu_ps(s + rp + 16 * NL, h1);
+      _mm256_storeu_ps(s + 2 * rp + 16 * NL, h2);
+      _mm256_storeu_ps(s + 3 * rp + 16 * NL, h3);
+    }
+  }
+}
+
+// The online softmax in the lane layout: 16 rows per vector (the last 8 masked where rp
+// ends there), the block's maximum and sum taken across its tokens' vectors.
+CONVEYOR_AVX512 void softmax_lanes512(const Group& grp, int64_t rp, int64_t t0, int64_t t1,
+                                      LaneScratch& ls) {
+  ls.max.assign(rp, 0.0f);
+  ls.sum.assign(rp, 0.0f);
+  ls.correction.resize(rp);
+  for (int64_t j = 0; j < grp.num_rows; ++j) {
+    ls.max[j] = grp.max[grp.row[j]];
+    ls.sum[j] = grp.sum[grp.row[j]];
+  }
+  float* st = ls.st.data();
+  for (int64_t l = 0; l < rp; l += 16) {
+    const __mmask16 m = rp - l >= 16 ? 0xFFFF : 0x00FF;
+    const __m512 old_max = _mm512_maskz_loadu_ps(m, ls.max.data() + l);
+    __m512 block_max = _mm512_set1_ps(kNegInf);
+    for (int64_t t = t0; t < t1; ++t)
+      block_max = _mm512_max_ps(block_max, _mm512_maskz_loadu_ps(m, st + t * rp + l));
+    const __m512 new_max = _mm512_max_ps(old_max, block_max);
+    // e^-87 (not 0) for the first block, where sum and output are still 0; 1 while it holds
+    const __m512 correction = exp_nonpositive512(_mm512_sub_ps(old_max, new_max));
+    __m512 block_sum = _mm512_setzero_ps();
+    for (int64_t t = t0; t < t1; ++t) {
+      const __m512 s = _mm512_maskz_loadu_ps(m, st + t * rp + l);
+      const __m512 p = exp_nonpositive512(_mm512_sub_ps(s, new_max));
+      block_sum = _mm512_add_ps(block_sum, p);
+      _mm512_mask_storeu_ps(st + t * rp + l, m, p);
+    }
+    const __m512 sum = _mm512_maskz_loadu_ps(m, ls.sum.data() + l);
+    _mm512_mask_storeu_ps(ls.max.data() + l, m, new_max);
+    _mm512_mask_storeu_ps(ls.sum.data() + l, m, _mm512_fmadd_ps(sum, correction, block_sum));
+    _mm512_mask_storeu_ps(ls.correction.data() + l, m, correction);
+  }
+  for (int64_t j = 0; j < grp.num_rows; ++j) {
+    grp.max[grp.row[j]] = ls.max[j];
+    grp.sum[grp.row[j]] = ls.sum[j];
+  }
+}
+
+// acc[row j] = acc[row j] * correction[j] + sum_t p[t][j] * v[t] for RT rows j0.. of the
+// lane layout (p = st, rp floats a token), their outputs held in registers over the block.
+template <int D, int RT>
+CONVEYOR_AVX512 void values_tile512(const Group& grp, const LaneScratch& ls, int64_t rp,
+                                    int64_t j0, const float* v, int64_t token_stride,
+                                    int64_t t0, int64_t t1) {
+  constexpr int C = D / 16;
+  __m512 a[RT][C];
+  for (int r = 0; r < RT; ++r) {
+    const float* acc = grp.acc + grp.row[j0 + r] * D;
+    const __m512 corr = _mm512_set1_ps(ls.correction[j0 + r]);
+    for (int c = 0; c < C; ++c) a[r][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), corr);
+  }
+  const float* p = ls.st.data() + j0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* vt = v + t * token_stride;
+    __m512 pt[RT];
+    for (int r = 0; r < RT; ++r) pt[r] = _mm512_set1_ps(p[t * rp + r]);
+    for (int c = 0; c < C; ++c) {
+      const __m512 vc = _mm512_loadu_ps(vt + 16 * c);
+      for (int r = 0; r < RT; ++r) a[r][c] = _mm512_fmadd_ps(pt[r], vc, a[r][c]);
+    }
+  }
+  for (int r = 0; r < RT; ++r) {
+    float* acc = grp.acc + grp.row[j0 + r] * D;
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + 16 * c, a[r][c]);
+  }
+}
+
+// Rows values_tile512 holds in registers: 24 accumulators (D 32 / 64 / 128: 8 / 6 / 3 rows).
+template <int D>
+constexpr int kValueRows = D == 32 ? 8 : 24 / (D / 16);
+
+// tile<RT>(j0) over num_rows rows, RT = MaxRT while that many are left, then the rest at once.
+template <int MaxRT, typename Tile>
+inline void for_row_tiles(int64_t num_rows, Tile&& tile) {
+  int64_t j = 0;
+  for (; j + MaxRT <= num_rows; j += MaxRT) tile(std::integral_constant<int, MaxRT>{}, j);
+  if constexpr (MaxRT > 1) {
+    if (j < num_rows)
+      for_row_tiles<MaxRT - 1>(num_rows - j, [&](auto rt, int64_t jj) { tile(rt, j + jj); });
+  }
+}
+
+// Fold one block (tokens t0..t1 at offset) into every row of a group of more than kLaneRows
+// rows: 16 rows per zmm (8 per ymm for a last half), each key and value loaded once for all.
+template <int D>
+CONVEYOR_AVX512 void group_lanes512(const Pool& pool, const Group& grp, int64_t offset,
+                                    int64_t t0, int64_t t1, LaneScratch& ls) {
+  const float* k = pool.keys + offset;
+  const float* v = pool.values + offset;
+  const int64_t ts = pool.token_stride;
+  int64_t full = grp.num_rows / 16;  // zmm lane blocks; a rest of over 8 rows takes another
+  const bool half = grp.num_rows % 16 > 0 && grp.num_rows % 16 <= 8;
+  if (grp.num_rows % 16 > 8) ++full;
+  const int64_t rp = 16 * full + (half ? 8 : 0);
+  transpose_queries<D>(grp, rp, ls);
+  ls.st.resize((pool.block_size + 4) * rp);
+  float* st = ls.st.data();
+  const float* qt = ls.qt.data();
+  int64_t l = 0;
+  for (; l + 2 < full || (l + 2 == full && !half); l += 2)
+    scores_lanes512<D, 2, false>(qt, rp, 16 * l, k, ts, t0, t1, st);
+  if (l + 1 == full && half)
+    scores_lanes512<D, 1, true>(qt, rp, 16 * l, k, ts, t0, t1, st);
+  else if (l + 1 == full)
+    scores_lanes512<D, 1, false>(qt, rp, 16 * l, k, ts, t0, t1, st);
+  else if (l + 2 == full)  // two and a half (more than 8 rows: at least one zmm block)
+    scores_lanes512<D, 2, true>(qt, rp, 16 * l, k, ts, t0, t1, st);
+  softmax_lanes512(grp, rp, t0, t1, ls);
+  for_row_tiles<kValueRows<D>>(grp.num_rows, [&](auto rt, int64_t j0) {
+    values_tile512<D, decltype(rt)::value>(grp, ls, rp, j0, v, ts, t0, t1);
+  });
+}
+
+// One item's block at a column: which block, where its head's rows start, which tokens count.
+struct Span {
+  int32_t block = -1;  // -1: the item has no tokens at this column
+  int64_t offset = 0, t0 = 0, t1 = 0;
+  bool same_as(const Span& o) const { return block == o.block && t0 == o.t0 && t1 == o.t1; }
+};
+
+template <int D>
+Span span_at(const Pool& pool, const Batch& batch, int64_t item, int64_t col) {
+  const int64_t Hkv = batch.num_kv_heads, b = item / Hkv, h = item % Hkv;
+  const int64_t len = batch.seq_lens[b], bs = pool.block_size;
+  const int64_t first =
+      batch.sliding_window > 0 ? std::max<int64_t>(0, len - batch.sliding_window) : 0;
+  Span sp;
+  if (col * bs >= len || (col + 1) * bs <= first) return sp;
+  sp.block = batch.tables[b * batch.table_width + col];
+  sp.offset = sp.block * pool.block_stride + h * D;
+  sp.t0 = std::max<int64_t>(0, first - col * bs);
+  sp.t1 = std::min(bs, len - col * bs);
+  return sp;
+}
+
+// Work items begin..end as attend_items, with the cascade. Per column the items of one kv
+// head whose spans are the same form a group (each compared with the last kRecentLeaders
+// groups of its head, so grouping stays O(items)); groups are walked in the order of their
+// first item. A group of more than kLaneRows rows (3 or more requests sharing the block at
+// G = 3) takes the lane layout; smaller ones take the AVX2 code per item, which is as fast
+// as 16-lane code for 3 rows here (this Zen 5 retires half as many zmm as ymm FMAs).
+template <int D>
+CONVEYOR_AVX512 void attend_items_cascade(const Pool& pool, const Batch& batch, int64_t begin,
+                                          int64_t end) {
+  constexpr int kRecentLeaders = 4;
+  const int64_t Hkv = batch.num_kv_heads, G = batch.num_heads / Hkv, n = end - begin;
+  const int64_t bs = pool.block_size;
+  std::vector<float> q(n * G * D), acc(n * G * D, 0.0f), max(n * G, kNegInf), sum(n * G, 0.0f);
+  std::vector<float> scores(G * bs);
+  std::vector<Span> spans(n);
+  std::vector<int64_t> next(n), tail(n), leaders, recent(Hkv * kRecentLeaders);
+  std::vector<int32_t> rows(n * G);
+  std::vector<LaneScratch> lanes(Hkv);
+  int64_t max_blocks = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = (begin + i) / Hkv, h = (begin + i) % Hkv;
+    max_blocks = std::max(max_blocks, (batch.seq_lens[b] + bs - 1) / bs);
+    const float* src = batch.query + (b * batch.num_heads + h * G) * D;
+    for (int64_t j = 0; j < G * D; ++j) q[i * G * D + j] = src[j] * batch.scale;
+  }
+  for (int64_t col = 0; col < max_blocks; ++col) {
+    leaders.clear();
+    std::fill(recent.begin(), recent.end(), -1);
+    for (int64_t i = 0; i < n; ++i) {
+      spans[i] = span_at<D>(pool, batch, begin + i, col);
+      if (spans[i].block < 0) continue;
+      next[i] = -1;
+      int64_t* mine = recent.data() + (begin + i) % Hkv * kRecentLeaders;
+      int64_t leader = -1;
+      for (int r = 0; r < kRecentLeaders && mine[r] >= 0 && leader < 0; ++r)
+        if (spans[mine[r]].same_as(spans[i])) leader = mine[r];
+      if (leader >= 0) {
+        next[tail[leader]] = i;
+        tail[leader] = i;
+        continue;
+      }
+      tail[i] = i;
+      leaders.push_back(i);
+      std::copy_backward(mine, mine + kRecentLeaders - 1, mine + kRecentLeaders);
+      mine[0] = i;
+    }
+    for (size_t l = 0; l < leaders.size(); ++l) {
+      const Span& sp = spans[leaders[l]];
+      // the next group's block (the first of the next column after the last group) is
+      // fetched while this one computes
+      const Span nx = l + 1 < leaders.size() ? spans[leaders[l + 1]]
+                                             : span_at<D>(pool, batch, begin, col + 1);
+      if (nx.block >= 0) prefetch_block<D>(pool, nx.offset, nx.t0, nx.t1);
+      int64_t num_rows = 0;
+      for (int64_t i = leaders[l]; i >= 0; i = next[i])
+        for (int64_t g = 0; g < G; ++g) rows[num_rows++] = static_cast<int32_t>(i * G + g);
+      if (num_rows > kLaneRows) {
+        const Group grp{rows.data(), num_rows, q.data(), acc.data(), max.data(), sum.data()};
+        LaneScratch& scratch = lanes[(begin + leaders[l]) % Hkv];
+        group_lanes512<D>(pool, grp, sp.offset, sp.t0, sp.t1, scratch);
+        continue;
+      }
+      for (int64_t j = 0; j < num_rows; j += G) {
+        const int64_t first_row = rows[j];
+        block_scores<D>(q.data() + first_row * D, pool.keys + sp.offset, pool.token_stride,
+                        sp.t0, sp.t1, G, bs, scores.data());
+        block_update<D>(pool.values + sp.offset, pool.token_stride, sp.t0, sp.t1, G, bs,
+                        scores.data(), RowState{max.data() + first_row, sum.data() + first_row,
+                                                acc.data() + first_row * D});
+      }
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = (begin + i) / Hkv, h = (begin + i) % Hkv;
+    float* dst = batch.out + (b * batch.num_heads + h * G) * D;
+    for (int64_t g = 0; g < G; ++g) {
+      const float inv = 1.0f / sum[i * G + g];
+      for (int64_t d = 0; d < D; ++d) dst[g * D + d] = acc[(i * G + g) * D + d] * inv;
+    }
+  }
+}
+
+bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
+// Kernel paths (the `path` argument): the best this CPU runs, or one forced (A/B, tests).
+enum Path : int64_t { kAuto = 0, kAvx2 = 1, kAvx512Cascade = 2 };
+
+template <int D>
+void attend(const Pool& pool, const Batch& batch, int64_t num_seqs, int64_t path) {
   at::parallel_for(0, num_seqs * batch.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    attend_items<D>(pool, batch, begin, end);
+    if (path == kAvx2)
+      attend_items<D>(pool, batch, begin, end);
+    else
+      attend_items_cascade<D>(pool, batch, begin, end);
   });
 }
 
 }  // namespace
 
 // out[n] = softmax(q[n] K^T * scale) V over the first seq_lens[n] tokens of sequence n's
-// blocks (the last sliding_window of them when sliding_window > 0).
+// blocks (the last sliding_window of them when sliding_window > 0). path: kAuto (AVX-512
+// with the cascade where the CPU has it, else AVX2), or one of the others forced.
 void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                             torch::Tensor block_tables, torch::Tensor seq_lens, double scale,
-                            int64_t sliding_window) {
+                            int64_t sliding_window, int64_t path) {
+  TORCH_CHECK(path >= kAuto && path <= kAvx512Cascade, "path ", path, " is not one of 0..2");
+  if (path == kAuto) path = cpu_has_avx512() ? kAvx512Cascade : kAvx2;
+  TORCH_CHECK(path == kAvx2 || cpu_has_avx512(), "path ", path, " needs AVX-512 (F, DQ, BW, "
+              "VL), which this CPU lacks");
   TORCH_CHECK(query.dim() == 3 && query.is_contiguous() && query.scalar_type() == at::kFloat,
               "query must be a contiguous float32 [N, H, D] tensor");
   TORCH_CHECK(out.sizes() == query.sizes() && out.is_contiguous() &&
@@ -293,14 +652,16 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
                     tables, lens, block_tables.size(1), num_heads,
                     num_kv_heads, sliding_window, static_cast<float>(scale)};
   switch (head_dim) {
-    case 32: return attend<32>(pool, batch, num_seqs);
-    case 64: return attend<64>(pool, batch, num_seqs);
-    case 128: return attend<128>(pool, batch, num_seqs);
+    case 32: return attend<32>(pool, batch, num_seqs, path);
+    case 64: return attend<64>(pool, batch, num_seqs, path);
+    case 128: return attend<128>(pool, batch, num_seqs, path);
     default: TORCH_CHECK(false, "head_dim ", head_dim, " is not one of 32, 64, 128");
   }
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
-        "Decode attention read in place from the paged KV pool (fp32, AVX2+FMA)");
+        "Decode attention read in place from the paged KV pool (fp32; path 0 auto, 1 AVX2, "
+        "2 AVX-512 with the shared-block cascade)");
+  m.def("has_avx512", &cpu_has_avx512, "Whether this CPU runs the AVX-512 paths");
 }
