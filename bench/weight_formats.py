@@ -13,6 +13,10 @@ serving runs; per row a quantized layer computes the same at any row count.
     HF_HUB_OFFLINE=1 .venv/bin/python bench/weight_formats.py [--formats fp32,fp16,q8_0,q4_1]
         [--threads 2] [--rounds 3] [--decode-tokens 64] [--rows 1,2,4,8,16] [--json PATH]
 
+A format may name a variant of its block kernels: `q4_1@REV` runs the kernels of commit REV
+(native/csrc/block_quant_linear.cpp built from git, an A/B of a kernel change in one run),
+`q4_1/avx2` forces the AVX2 code path.
+
 --rows adds a kernel table: one forward pass's linear layers at each row count, per format
 (this is what DECODE_MAX_ROWS was chosen from).
 """
@@ -56,11 +60,54 @@ NUM_AGREEMENT_TOKENS = 64
 PROMPT_LEN = 256
 
 
-def build_llm(weight_format: str, threads: int):
-    from conveyor.engine import LLM
+KERNEL_SOURCE = "services/engine/conveyor/engine/native/csrc/block_quant_linear.cpp"
 
-    return LLM(weight_format=weight_format, torch_threads=threads, num_kv_blocks=512,
-               max_num_seqs=16, enable_prefix_caching=False)
+
+def build_llm(weight_format: str, threads: int):
+    """The offline engine reading `weight_format`, which may name a kernel variant:
+    FORMAT@REV (commit REV's block kernels) or FORMAT/avx2 (the AVX2 code path)."""
+    from conveyor.engine import LLM
+    from conveyor.engine.model.quantized_linear import ISA_AVX2
+
+    base, _, rev = weight_format.partition("@")
+    base, _, isa = base.partition("/")
+    llm = LLM(weight_format=base, torch_threads=threads, num_kv_blocks=512,
+              max_num_seqs=16, enable_prefix_caching=False)
+    kernels = kernels_at(rev) if rev else None
+    for layer in quantized_layers(llm):
+        if kernels is not None:
+            layer.weights._kernels = kernels
+        if isa == "avx2":
+            layer.weights.isa = ISA_AVX2
+    return llm
+
+
+class _WithoutIsa:
+    """A block-kernel module from before the `isa` argument, called as today's."""
+
+    def __init__(self, module) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str):
+        kernel = getattr(self._module, name)
+        return lambda *args: kernel(*args[:-1])
+
+
+def kernels_at(rev: str):
+    """The block kernels as commit `rev` wrote them, built under their own name."""
+    import subprocess
+    import tempfile
+
+    from conveyor.engine.model.quantized_linear import _CFLAGS_EXTRA
+    from conveyor.engine.native import CPU_CFLAGS, load_extension
+
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{KERNEL_SOURCE}"],
+                            check=True, capture_output=True, text=True).stdout
+    path = Path(tempfile.gettempdir()) / f"block_quant_linear_{rev}.cpp"
+    path.write_text(source)
+    module = load_extension(f"conveyor_block_quant_linear_{rev}", [path],
+                            extra_cflags=(*CPU_CFLAGS, *_CFLAGS_EXTRA))
+    return module if "isa" in module.q4_1_linear.__doc__ else _WithoutIsa(module)
 
 
 def quantized_layers(llm):

@@ -12,9 +12,12 @@ from torch import nn
 from conveyor.engine.model import quantized_linear as ql
 from conveyor.engine.model.cpu_linear import CpuLinear, onednn_packing_available
 from conveyor.engine.model.quantized_linear import (
+    BLOCK,
     FormatUnavailable,
     Fp16Weight,
+    Q4_1Int8Weight,
     Q4_1Weight,
+    Q8_0Int8Weight,
     Q8_0Weight,
     QuantizedLinear,
     quantize_linears,
@@ -37,14 +40,82 @@ def _relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
     return float((out.double() - reference).abs().max() / reference.abs().max())
 
 
+@pytest.fixture(params=[ql.ISA_AVX2, ql.ISA_AVX512], ids=["avx2", "avx512"])
+def isa(request, kernels) -> int:
+    """Each code path of the block kernels (AVX-512 where this CPU has it)."""
+    if request.param == ql.ISA_AVX512 and not kernels.has_avx512():
+        pytest.skip("this CPU lacks AVX-512")
+    return request.param
+
+
 @pytest.mark.parametrize("weight_class", [Q8_0Weight, Q4_1Weight])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9])
-def test_block_kernel_matches_dequantize_then_matmul(kernels, weight_class, rows: int) -> None:
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 17])
+@pytest.mark.parametrize("cols", [160, 2080])  # 5 blocks (unroll tails), 65 (scale chunks)
+def test_block_kernel_matches_dequantize_then_matmul(isa, weight_class, rows: int,
+                                                      cols: int) -> None:
     torch.manual_seed(rows)
-    weights = weight_class(torch.randn(72, 160))
-    x = torch.randn(rows, 160)
+    weights = weight_class(torch.randn(72, cols), isa=isa)
+    x = torch.randn(rows, cols)
     reference = x.double() @ weights.dequantize().double().t()
     assert _relative_error(weights.matmul(x), reference) < TOLERANCE
+
+
+def _round_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x with each block of 32 rounded to int8 times max|x| / 127 (as the int8 kernels do),
+    and those scales."""
+    blocks = x.reshape(x.shape[0], -1, BLOCK)
+    scale = blocks.abs().amax(-1) / 127
+    inverse = torch.where(scale > 0, 1.0 / scale, 0.0)
+    rounded = torch.round(blocks * inverse[..., None]) * scale[..., None]
+    return rounded.reshape(x.shape), scale
+
+
+@pytest.fixture(params=[ql.ISA_AVX2, ql.ISA_AVX512], ids=["avx2", "avx512vnni"])
+def int8_isa(request, kernels) -> int:
+    """Each code path of the int8-activation kernels (VNNI where this CPU has it)."""
+    if request.param == ql.ISA_AVX512 and not kernels.has_vnni():
+        pytest.skip("this CPU lacks AVX-512 VNNI")
+    return request.param
+
+
+@pytest.mark.parametrize("weight_class", [Q8_0Int8Weight, Q4_1Int8Weight])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9])
+@pytest.mark.parametrize("cols", [160, 2080])  # a part group of 8 blocks; 65 blocks
+def test_int8_kernel_is_the_product_with_rounded_activations(int8_isa, weight_class, rows: int,
+                                                             cols: int) -> None:
+    torch.manual_seed(rows)
+    weights = weight_class(torch.randn(72, cols), isa=int8_isa)
+    x = torch.randn(rows, cols)
+    x[0, :BLOCK] = 0.0  # an all-zero block (scale 0)
+    rounded, scale = _round_activations(x)
+    weight = weights.dequantize().double()
+    if weight_class is Q4_1Int8Weight:  # the offset term m * sum(x) uses the fp32 x
+        offset = weights.m.double().repeat_interleave(BLOCK, dim=1)
+        reference = rounded.double() @ (weight - offset).t() + x.double() @ offset.t()
+    else:
+        reference = rounded.double() @ weight.t()
+    out = weights.matmul(x)
+    assert _relative_error(out, reference) < TOLERANCE
+    # against the exact product: off by at most the rounding, sum_b (scale_b / 2) sum |w_b|
+    block_abs = weight.abs().reshape(72, -1, BLOCK).sum(-1)
+    bound = (scale.double()[:, None, :] / 2 * block_abs[None]).sum(-1)
+    exact = x.double() @ weight.t()
+    assert bool(((out.double() - exact).abs() <= bound + TOLERANCE * exact.abs().max()).all())
+
+
+def test_q4_1_int8_puts_the_vocabulary_projection_in_q8_0_int8(kernels) -> None:
+    model = _Tiny()
+    assert quantize_linears(model, "q4_1_int8").startswith("q4_1_int8 (lm_head q8_0_int8)")
+    assert isinstance(model.proj.weights, Q4_1Int8Weight)
+    assert isinstance(model.lm_head.weights, Q8_0Int8Weight)
+
+
+def test_auto_isa_takes_avx512_where_the_cpu_has_it(kernels) -> None:
+    expected = "avx512" if kernels.has_avx512() else "avx2"
+    assert kernels.isa_name(ql.ISA_AUTO) == expected
+    assert kernels.isa_name(ql.ISA_AVX2) == "avx2"
+    with pytest.raises(RuntimeError, match="isa must be 0"):
+        kernels.isa_name(3)
 
 
 def _gguf_q4_1(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,6 +228,7 @@ def test_setting_names_the_variable() -> None:
     from conveyor.engine.settings import EngineSettings
 
     assert EngineSettings(weight_format="q4_1").resolved_weight_format() == "q4_1"
+    assert EngineSettings(weight_format="q4_1_int8").resolved_weight_format() == "q4_1_int8"
     with pytest.raises(ValueError, match="change CONVEYOR_ENGINE_WEIGHT_FORMAT"):
         EngineSettings(weight_format="int3").resolved_weight_format()
 

@@ -15,10 +15,11 @@ PROMPTS = ["The capital of France is", "def quicksort(arr):\n    ",
            "Once upon a time, in a village at the edge of a forest,",
            "Give me a recipe for pancakes.", "The best way to learn a new language is"]
 NUM_TOKENS = 24
-MIN_AGREEMENT = {"q4_1": 0.9, "fp16": 0.9, "q8_0": 0.25}
+MIN_AGREEMENT = {"q4_1": 0.9, "fp16": 0.9, "q8_0": 0.25, "q4_1_int8": 0.1}
 """Least share of tokens equal to fp32's before the first divergence. Measured with
 bench/weight_formats.py (16 prompts x 64 tokens): q4_1 and fp16 100%; q8_0 44%, since it
-re-rounds the checkpoint's Q4_1 values to 8-bit blocks of another grid."""
+re-rounds the checkpoint's Q4_1 values to 8-bit blocks of another grid; q4_1_int8 22.5%,
+since it rounds every activation block to int8."""
 
 
 def _greedy(weight_format: str) -> tuple[list[list[int]], str]:
@@ -47,7 +48,7 @@ def _agreement_before_divergence(ours: list[list[int]], reference: list[list[int
     return equal / sum(len(b) for b in reference)
 
 
-@pytest.mark.parametrize("weight_format", ["q4_1", "fp16", "q8_0"])
+@pytest.mark.parametrize("weight_format", ["q4_1", "fp16", "q8_0", "q4_1_int8"])
 def test_format_agrees_with_fp32(weight_format: str, fp32_outputs) -> None:
     if weight_format != "fp16":
         try:

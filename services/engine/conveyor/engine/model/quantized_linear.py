@@ -9,13 +9,17 @@ unchanged, at the price of keeping the fp32 weights in memory too.
 - q8_0: blocks of 32 int8 values with an fp16 scale (llama.cpp's Q8_0), 1.06 bytes a weight.
 - q4_1: the decoder layers in blocks of 32 4-bit values with an fp16 scale and offset
   (llama.cpp's Q4_1), 0.625 bytes a weight; the vocabulary projection in q8_0.
+- q4_1_int8: q4_1's weights (lm_head q8_0's), with each block of 32 activations rounded to
+  int8 once per call and integer dot products (llama.cpp's Q4_1 x Q8_1): faster, but the
+  activation rounding changes results, unlike q4_1's fp32 activations.
 
 The bundled checkpoint is itself Q4_1 with a Q8_0 token embedding, and the blocks are
 recovered from the dequantized fp32 weights exactly (the log says which share of blocks
 holds the checkpoint's values), so q4_1 computes with the same weights as fp32 and differs
 from it only in summation order. The block kernels are our own C++ (native/csrc/
-block_quant_linear.cpp, AVX2 + FMA + F16C), built once and cached; without a compiler the
-layers stay fp32 and the engine logs why.
+block_quant_linear.cpp: AVX-512 where the CPU has it, else AVX2 + FMA + F16C; a weight's
+`isa` forces one), built once and cached; without a compiler the layers stay fp32 and the
+engine logs why.
 """
 
 from __future__ import annotations
@@ -31,15 +35,17 @@ from conveyor.engine.model.cpu_linear import CpuLinear
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_FORMATS = ("fp32", "fp16", "q8_0", "q4_1")
+WEIGHT_FORMATS = ("fp32", "fp16", "q8_0", "q4_1", "q4_1_int8")
 """Values of the weight_format setting; fp32 is the default (no quantized copy)."""
-LM_HEAD_FORMAT = {"fp16": "fp16", "q8_0": "q8_0", "q4_1": "q8_0"}
+LM_HEAD_FORMAT = {"fp16": "fp16", "q8_0": "q8_0", "q4_1": "q8_0", "q4_1_int8": "q8_0_int8"}
 """The vocabulary projection's format under each setting (q4_1 keeps the Q8_0 of the GGUF's
 token embedding)."""
 DECODE_MAX_ROWS = 8
 """Steps of at most this many rows use the format's kernel; larger ones the fp32 CpuLinear
 (measured: bench/weight_formats.py --rows)."""
 BLOCK = 32
+ISA_AUTO, ISA_AVX2, ISA_AVX512 = 0, 1, 2
+"""The block kernels' code paths (`isa` of a weight): the widest this CPU has, or one forced."""
 _EXTENSION = "conveyor_block_quant_linear"
 _CFLAGS_EXTRA = ("-mf16c",)
 
@@ -82,13 +88,13 @@ class Q8_0Weight:
 
     name = "q8_0"
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, isa: int = ISA_AUTO) -> None:
         blocks = _blocks(weight)
         self.d = (blocks.abs().amax(-1) / 127).half()
         inverse = torch.where(self.d == 0, 0.0, 1.0 / self.d.float())
         q = torch.round(blocks * inverse[..., None]).clamp_(-127, 127)
         self.qs = q.to(torch.int8).reshape(weight.shape).contiguous()
-        self._kernels = block_kernels()
+        self._kernels, self.isa = block_kernels(), isa
 
     def dequantize(self) -> torch.Tensor:
         rows, cols = self.qs.shape
@@ -96,7 +102,7 @@ class Q8_0Weight:
         return (self.d.float()[..., None] * blocks).reshape(rows, cols)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return self._kernels.q8_0_linear(x, self.qs, self.d)
+        return self._kernels.q8_0_linear(x, self.qs, self.d, self.isa)
 
     @property
     def nbytes(self) -> int:
@@ -109,7 +115,7 @@ class Q4_1Weight:
 
     name = "q4_1"
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, isa: int = ISA_AUTO) -> None:
         blocks = _blocks(weight)
         low, high = blocks.amin(-1), blocks.amax(-1)
         self.m = low.half()
@@ -119,7 +125,7 @@ class Q4_1Weight:
         q = q.to(torch.uint8)
         packed = q[..., :BLOCK // 2] | (q[..., BLOCK // 2:] << 4)
         self.qs = packed.reshape(weight.shape[0], -1).contiguous()
-        self._kernels = block_kernels()
+        self._kernels, self.isa = block_kernels(), isa
 
     def dequantize(self) -> torch.Tensor:
         rows = self.qs.shape[0]
@@ -128,11 +134,31 @@ class Q4_1Weight:
         return (self.d.float()[..., None] * q + self.m.float()[..., None]).reshape(rows, -1)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return self._kernels.q4_1_linear(x, self.qs, self.d, self.m)
+        return self._kernels.q4_1_linear(x, self.qs, self.d, self.m, self.isa)
 
     @property
     def nbytes(self) -> int:
         return self.qs.nbytes + self.d.nbytes + self.m.nbytes
+
+
+class Q8_0Int8Weight(Q8_0Weight):
+    """Q8_0Weight whose matmul rounds each block of 32 activations to int8 (an fp32 scale
+    per block) and sums integer products: off the exact product by the activation rounding."""
+
+    name = "q8_0_int8"
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self._kernels.q8_0_linear_i8(x, self.qs, self.d, self.isa)
+
+
+class Q4_1Int8Weight(Q4_1Weight):
+    """Q4_1Weight with int8 activations as in Q8_0Int8Weight; the offset term m * sum(x)
+    uses the block's fp32 sum of x, so only d * sum(q x) sees the rounding."""
+
+    name = "q4_1_int8"
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self._kernels.q4_1_linear_i8(x, self.qs, self.d, self.m, self.isa)
 
 
 class Fp16Weight:
@@ -156,7 +182,8 @@ class Fp16Weight:
 
 
 WEIGHT_CLASSES: dict[str, Callable[[torch.Tensor], object]] = {
-    "fp16": Fp16Weight, "q8_0": Q8_0Weight, "q4_1": Q4_1Weight}
+    "fp16": Fp16Weight, "q8_0": Q8_0Weight, "q4_1": Q4_1Weight,
+    "q8_0_int8": Q8_0Int8Weight, "q4_1_int8": Q4_1Int8Weight}
 
 
 class QuantizedLinear(nn.Module):
@@ -198,7 +225,7 @@ def quantize_linears(model: nn.Module, weight_format: str) -> str:
     or "fp32" when its kernel is unavailable here (logged with the reason)."""
     if weight_format == "fp32":
         return "fp32"
-    if weight_format not in WEIGHT_CLASSES:
+    if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format {weight_format!r} is not one of "
                          f"{', '.join(WEIGHT_FORMATS)}")
     try:

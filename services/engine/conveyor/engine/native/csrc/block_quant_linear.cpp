@@ -3,21 +3,35 @@
 //   q8_0: qs int8 [N, K],      d fp16 [N, K/32]:            w = d * q
 //   q4_1: qs uint8 [N, K/2],   d, m fp16 [N, K/32]:         w = d * q + m, q in 0..15;
 //         byte j of a block holds weight j in its low nibble and weight j + 16 in its high one.
-// Few rows (decode): each weight block is expanded to fp32 once and used for up to kTile rows
-// of x, so a step reads the weight bytes once from DRAM. Output rows (N) are split over
-// torch's intra-op threads. Accumulation is fp32 in the order: per block, 4 products of 8
-// lanes summed, scaled by d, added to 8 lane accumulators; for q4_1 m * sum(x of the block)
-// is added separately (sum_j (d q_j + m) x_j = d sum_j q_j x_j + m sum_j x_j).
+// Few rows (decode): each weight block is expanded to fp32 once and used for up to a tile of
+// rows of x, so a step reads the weight bytes once from DRAM. Output rows (N) are split over
+// torch's intra-op threads.
+//
+// Two code paths, chosen at run time (`isa`: 0 auto, 1 AVX2, 2 AVX-512):
+// - AVX-512 (functions compiled with a target attribute, so the library itself needs only
+//   -mavx2 -mfma -mf16c): a block becomes 2 x 16 floats w = d * q (+ m) with one conversion
+//   and one multiply-add per 16 weights; these are exactly the dequantized fp32 weights (d * q
+//   is exact in fp32: q has at most 8 bits and d 11, so only the + m rounds, once, as in
+//   dequantize()). Each (row of x, half block) has its own accumulator and blocks are unrolled
+//   for one or two rows, so at least 8 independent multiply-add chains are in flight; up to 8
+//   rows of x per pass over a weight row. The block scales are converted to fp32 64 at a time.
+// - AVX2 + FMA + F16C: per block, 4 products of 8 lanes summed, scaled by d, added to 8 lane
+//   accumulators; for q4_1 m * sum(x of the block) is added separately
+//   (sum_j (d q_j + m) x_j = d sum_j q_j x_j + m sum_j x_j); up to 4 rows of x per pass.
+// Both sum in fp32 and differ from an exact product only by summation order.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace {
 
 constexpr int64_t kBlock = 32;
-constexpr int64_t kTile = 4;
+constexpr int64_t kTile = 4;  // AVX2: rows of x per pass over a weight row
+
+// ---- AVX2 ----------------------------------------------------------------------------
 
 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -105,6 +119,274 @@ void output_rows(const float* x, const float* xsum, float* y, int64_t M, int64_t
   }
 }
 
+// ---- AVX-512 -------------------------------------------------------------------------
+
+#define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+
+constexpr int kTile512 = 8;     // rows of x per pass over a weight row
+constexpr int64_t kChunk = 64;  // blocks whose fp16 scales are converted to fp32 at a time
+
+// One block's 32 weights as 2 x 16 floats: weights 0..15 and 16..31.
+struct Block512 {
+  __m512 lo, hi;
+};
+
+AVX512 inline Block512 weights_q4_1_512(const uint8_t* qs, float d, float m) {
+  const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  const __m512 vd = _mm512_set1_ps(d), vm = _mm512_set1_ps(m);
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0F)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
+  return {_mm512_fmadd_ps(lo, vd, vm), _mm512_fmadd_ps(hi, vd, vm)};
+}
+
+AVX512 inline Block512 weights_q8_0_512(const int8_t* qs, float d) {
+  const auto* p = reinterpret_cast<const __m128i*>(qs);
+  const __m512 vd = _mm512_set1_ps(d);
+  return {_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p))), vd),
+          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p + 1))), vd)};
+}
+
+// count (<= kChunk) fp16 values to fp32; out has room for a whole last vector.
+AVX512 inline void halves_to_floats(const uint16_t* in, float* out, int64_t count) {
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 lanes = count - i >= 16 ? 0xFFFF : (1u << (count - i)) - 1;
+    _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, in + i)));
+  }
+}
+
+// Rows [0, R) of x (row stride K) against one weight row; U blocks unrolled, each (row,
+// half block, unrolled block) with its own accumulator. Writes y[r * N] for each row r.
+template <int R, int U, bool kQ4>
+AVX512 void output_row_512(const float* x, float* y, int64_t K, int64_t N, const uint8_t* qs_row,
+                           const uint16_t* d_row, const uint16_t* m_row) {
+  constexpr int64_t kBytes = kQ4 ? kBlock / 2 : kBlock;
+  const int64_t num_blocks = K / kBlock;
+  __m512 acc[R][2 * U];
+  for (int r = 0; r < R; ++r)
+    for (int a = 0; a < 2 * U; ++a) acc[r][a] = _mm512_setzero_ps();
+  alignas(64) float d[kChunk + 16], m[kChunk + 16];
+  auto block = [&](int64_t blk, int64_t c0, int u) AVX512 {
+    const Block512 w =
+        kQ4 ? weights_q4_1_512(qs_row + blk * kBytes, d[blk - c0], m[blk - c0])
+            : weights_q8_0_512(reinterpret_cast<const int8_t*>(qs_row) + blk * kBytes, d[blk - c0]);
+    for (int r = 0; r < R; ++r) {
+      const float* xb = x + r * K + blk * kBlock;
+      acc[r][2 * u] = _mm512_fmadd_ps(w.lo, _mm512_loadu_ps(xb), acc[r][2 * u]);
+      acc[r][2 * u + 1] = _mm512_fmadd_ps(w.hi, _mm512_loadu_ps(xb + 16), acc[r][2 * u + 1]);
+    }
+  };
+  for (int64_t c0 = 0; c0 < num_blocks; c0 += kChunk) {
+    const int64_t c1 = std::min(num_blocks, c0 + kChunk);
+    halves_to_floats(d_row + c0, d, c1 - c0);
+    if (kQ4) halves_to_floats(m_row + c0, m, c1 - c0);
+    int64_t blk = c0;
+    for (; blk + U <= c1; blk += U)
+      for (int u = 0; u < U; ++u) block(blk + u, c0, u);
+    for (; blk < c1; ++blk) block(blk, c0, 0);
+  }
+  for (int r = 0; r < R; ++r) {
+    __m512 sum = acc[r][0];
+    for (int a = 1; a < 2 * U; ++a) sum = _mm512_add_ps(sum, acc[r][a]);
+    y[r * N] = _mm512_reduce_add_ps(sum);
+  }
+}
+
+template <bool kQ4>
+AVX512 void output_rows_512(const float* x, float* y, int64_t M, int64_t K, int64_t N,
+                            const uint8_t* qs_row, const uint16_t* d_row, const uint16_t* m_row) {
+  int64_t r0 = 0;
+  auto rows = [&](auto R, auto U) AVX512 {
+    output_row_512<decltype(R)::value, decltype(U)::value, kQ4>(x + r0 * K, y + r0 * N, K, N,
+                                                               qs_row, d_row, m_row);
+  };
+  using std::integral_constant;
+  for (; r0 + kTile512 <= M; r0 += kTile512)
+    rows(integral_constant<int, kTile512>{}, integral_constant<int, 1>{});
+  switch (M - r0) {
+    case 7: rows(integral_constant<int, 7>{}, integral_constant<int, 1>{}); break;
+    case 6: rows(integral_constant<int, 6>{}, integral_constant<int, 1>{}); break;
+    case 5: rows(integral_constant<int, 5>{}, integral_constant<int, 1>{}); break;
+    case 4: rows(integral_constant<int, 4>{}, integral_constant<int, 1>{}); break;
+    case 3: rows(integral_constant<int, 3>{}, integral_constant<int, 2>{}); break;
+    case 2: rows(integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
+    case 1: rows(integral_constant<int, 1>{}, integral_constant<int, 4>{}); break;
+    default: break;
+  }
+}
+
+// ---- int8 activations (the q4_1_int8 format) ------------------------------------------
+//
+// llama.cpp's scheme: each block of 32 activations is rounded once per call to int8 with its
+// own scale (dx = max|x| / 127, xq = round(x / dx), the sum of the block's fp32 x kept for
+// q4_1's offset term), and a block's dot product is integer:
+//   y = sum_b d_b dx_b sum_j q_bj xq_bj  (+ sum_b m_b sum_j x_bj for q4_1).
+// A block's 32 products are 8 int32 lanes (AVX-512 VNNI vpdpbusd, u8 x s8; AVX2 maddubs +
+// madd); the lanes of 8 blocks are summed by a tree of hadds into one vector of 8 block dots,
+// which is converted and multiplied by the 8 scales d * dx in one go. q8_0's signed weights
+// go through vpsignb (|q| as u8, xq with q's sign). The result equals the exact product of
+// the weights with the rounded activations xq * dx up to fp32 summation; against the exact
+// product with x it differs by at most sum_b (dx_b / 2) sum_j |w_bj| (the rounding of x).
+
+#define VNNI __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,avx2,fma,f16c")))
+
+constexpr int kTileI8 = 4;     // rows of x per pass over a weight row
+constexpr int64_t kGroup = 8;  // blocks whose dots are reduced and scaled together
+
+inline int64_t padded_blocks(int64_t num_blocks) { return (num_blocks + kGroup - 1) / kGroup * kGroup; }
+
+// x [M, K] -> xq int8 [M, K], dx and sx fp32 [M, padded_blocks] (padding blocks are 0).
+void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* sx) {
+  const int64_t num_blocks = K / kBlock, stride = padded_blocks(num_blocks);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t b = 0; b < stride; ++b) {
+      float* dxr = dx + r * stride + b;
+      float* sxr = sx + r * stride + b;
+      if (b >= num_blocks) {
+        *dxr = *sxr = 0.0f;
+        continue;
+      }
+      const float* p = x + r * K + b * kBlock;
+      __m256 v[4];
+      for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(p + 8 * i);
+      __m256 amax = _mm256_andnot_ps(sign, v[0]);
+      for (int i = 1; i < 4; ++i) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+      const float d = _mm_cvtss_f32(m4) / 127.0f;
+      const __m256 inverse = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+      __m256i q[4];
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
+      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                                _mm256_packs_epi32(q[2], q[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + r * K + b * kBlock),
+                          _mm256_permutevar8x32_epi32(packed, order));
+      *dxr = d;
+      *sxr = horizontal_sum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+    }
+  }
+}
+
+// A block's 32 weights as bytes in weight order (q4_1: 0..15 as u8; q8_0: as int8).
+inline __m256i block_bytes_q4_1(const uint8_t* qs) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// 8 int32 lanes summing to the block's integer dot product. w: u8 weights (q4_1) or int8
+// (q8_0, passed as |w| with x given w's sign).
+template <bool kQ4, bool kVnni>
+VNNI inline __m256i block_dot_i8(__m256i w, const int8_t* xq) {
+  __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  if (!kQ4) {
+    x = _mm256_sign_epi8(x, w);
+    w = _mm256_abs_epi8(w);
+  }
+  if (kVnni) return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+}
+
+// [sum of v[0]'s lanes, ..., sum of v[7]'s lanes].
+inline __m256i lane_sums(const __m256i (&v)[8]) {
+  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                          _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// Rows [0, R) of the quantized x against one weight row; writes y[r * N].
+template <int R, bool kQ4, bool kVnni>
+VNNI void output_row_i8(const int8_t* xq, const float* dx, const float* sx, float* y, int64_t K,
+                        int64_t N, const uint8_t* qs_row, const uint16_t* d_row,
+                        const uint16_t* m_row) {
+  constexpr int64_t kBytes = kQ4 ? kBlock / 2 : kBlock;
+  const int64_t num_blocks = K / kBlock, stride = padded_blocks(num_blocks);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < num_blocks; g += kGroup) {
+    const int64_t count = std::min(kGroup, num_blocks - g);
+    __m256i dots[R][8];
+    for (int64_t i = 0; i < kGroup; ++i) {
+      if (i >= count) {
+        for (int r = 0; r < R; ++r) dots[r][i] = _mm256_setzero_si256();
+        continue;
+      }
+      const int64_t b = g + i;
+      const __m256i w = kQ4 ? block_bytes_q4_1(qs_row + b * kBytes)
+                            : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs_row + b * kBytes));
+      for (int r = 0; r < R; ++r) dots[r][i] = block_dot_i8<kQ4, kVnni>(w, xq + r * K + b * kBlock);
+    }
+    alignas(16) uint16_t d_part[kGroup] = {}, m_part[kGroup] = {};
+    const uint16_t* dg = d_row + g;
+    const uint16_t* mg = kQ4 ? m_row + g : nullptr;
+    if (count < kGroup) {  // the row's last group: copy its scales so no load runs past the row
+      std::copy(dg, dg + count, d_part);
+      if (kQ4) std::copy(mg, mg + count, m_part);
+      dg = d_part;
+      mg = m_part;
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dg)));
+    const __m256 m = kQ4 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mg)))
+                         : _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      const __m256 scale = _mm256_mul_ps(d, _mm256_loadu_ps(dx + r * stride + g));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_sums(dots[r])), scale, acc[r]);
+      if (kQ4) acc[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(sx + r * stride + g), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * N] = horizontal_sum(acc[r]);
+}
+
+template <bool kQ4, bool kVnni>
+VNNI void output_rows_i8(const int8_t* xq, const float* dx, const float* sx, float* y, int64_t M,
+                         int64_t K, int64_t N, const uint8_t* qs_row, const uint16_t* d_row,
+                         const uint16_t* m_row) {
+  const int64_t stride = padded_blocks(K / kBlock);
+  int64_t r0 = 0;
+  auto rows = [&](auto R) VNNI {
+    output_row_i8<decltype(R)::value, kQ4, kVnni>(xq + r0 * K, dx + r0 * stride, sx + r0 * stride,
+                                                  y + r0 * N, K, N, qs_row, d_row, m_row);
+  };
+  using std::integral_constant;
+  for (; r0 + kTileI8 <= M; r0 += kTileI8) rows(integral_constant<int, kTileI8>{});
+  switch (M - r0) {
+    case 3: rows(integral_constant<int, 3>{}); break;
+    case 2: rows(integral_constant<int, 2>{}); break;
+    case 1: rows(integral_constant<int, 1>{}); break;
+    default: break;
+  }
+}
+
+// ---- entry points --------------------------------------------------------------------
+
+bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+int64_t resolve_isa(int64_t isa) {
+  TORCH_CHECK(isa >= 0 && isa <= 2, "isa must be 0 (auto), 1 (AVX2) or 2 (AVX-512), got ", isa);
+  if (isa == 0) isa = cpu_has_avx512() ? 2 : 1;
+  TORCH_CHECK(isa != 2 || cpu_has_avx512(), "AVX-512 asked for but this CPU lacks avx512f/bw/vl/dq");
+  return isa;
+}
+
+std::string isa_name(int64_t isa) { return resolve_isa(isa) == 2 ? "avx512" : "avx2"; }
+
+bool cpu_has_vnni() {
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+}
+
+// isa for the int8 kernels: 0 auto (VNNI where the CPU has it), 1 AVX2, 2 AVX-512 VNNI.
+bool resolve_vnni(int64_t isa) {
+  TORCH_CHECK(isa >= 0 && isa <= 2, "isa must be 0 (auto), 1 (AVX2) or 2 (AVX-512), got ", isa);
+  TORCH_CHECK(isa != 2 || cpu_has_vnni(), "AVX-512 VNNI asked for but this CPU lacks avx512vnni");
+  return isa == 2 || (isa == 0 && cpu_has_vnni());
+}
+
 void check_inputs(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
                   int64_t bytes_per_block) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
@@ -118,47 +400,120 @@ void check_inputs(const torch::Tensor& x, const torch::Tensor& qs, const torch::
               "scales must be contiguous fp16 [N, K/32]");
 }
 
-template <bool kQ4>
-torch::Tensor block_linear(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
-                           const torch::Tensor* m) {
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), num_blocks = K / kBlock;
-  auto y = torch::empty({M, N}, x.options());
-  torch::Tensor xsum;
-  if (kQ4) xsum = x.view({M, num_blocks, kBlock}).sum(-1).contiguous();
-  const float* xp = x.data_ptr<float>();
-  const float* sp = kQ4 ? xsum.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  const auto* qp = reinterpret_cast<const uint8_t*>(qs.data_ptr());
-  const auto* dp = reinterpret_cast<const uint16_t*>(d.data_ptr());
-  const auto* mp = kQ4 ? reinterpret_cast<const uint16_t*>(m->data_ptr()) : nullptr;
-  const int64_t row_bytes = qs.size(1);
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      output_rows<kQ4>(xp, sp, yp, M, K, N, n, qp + n * row_bytes, dp + n * num_blocks,
-                       kQ4 ? mp + n * num_blocks : nullptr);
-    }
-  });
-  return y;
-}
-
-torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d) {
+// fn(n, qs_row, d_row, m_row) for every weight row n (m_row null for q8_0), the rows split
+// over torch's intra-op threads.
+void check_q8_0(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d) {
   check_inputs(x, qs, d, kBlock);
   TORCH_CHECK(qs.scalar_type() == torch::kInt8, "q8_0 qs must be int8");
-  return block_linear<false>(x, qs, d, nullptr);
 }
 
-torch::Tensor q4_1_linear(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
-                          const torch::Tensor& m) {
+void check_q4_1(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
+                const torch::Tensor& m) {
   check_inputs(x, qs, d, kBlock / 2);
   TORCH_CHECK(qs.scalar_type() == torch::kUInt8, "q4_1 qs must be uint8");
   TORCH_CHECK(m.sizes() == d.sizes() && m.scalar_type() == torch::kFloat16 && m.is_contiguous(),
               "q4_1 offsets must be contiguous fp16 like the scales");
-  return block_linear<true>(x, qs, d, &m);
+}
+
+template <typename Fn>
+void for_each_weight_row(const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor* m,
+                         const Fn& fn) {
+  const auto* qp = reinterpret_cast<const uint8_t*>(qs.data_ptr());
+  const auto* dp = reinterpret_cast<const uint16_t*>(d.data_ptr());
+  const auto* mp = m ? reinterpret_cast<const uint16_t*>(m->data_ptr()) : nullptr;
+  const int64_t row_bytes = qs.size(1), num_blocks = d.size(1);
+  at::parallel_for(0, qs.size(0), 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n)
+      fn(n, qp + n * row_bytes, dp + n * num_blocks, mp ? mp + n * num_blocks : nullptr);
+  });
+}
+
+template <bool kQ4>
+torch::Tensor block_linear(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
+                           const torch::Tensor* m, int64_t isa) {
+  const bool wide = resolve_isa(isa) == 2;
+  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), num_blocks = K / kBlock;
+  auto y = torch::empty({M, N}, x.options());
+  torch::Tensor xsum;  // AVX2 q4_1: sum(x) per block for the offset term
+  if (kQ4 && !wide) xsum = x.view({M, num_blocks, kBlock}).sum(-1).contiguous();
+  const float* xp = x.data_ptr<float>();
+  const float* sp = xsum.defined() ? xsum.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  for_each_weight_row(qs, d, m, [&](int64_t n, const uint8_t* qs_row, const uint16_t* d_row,
+                                    const uint16_t* m_row) {
+    if (wide)
+      output_rows_512<kQ4>(xp, yp + n, M, K, N, qs_row, d_row, m_row);
+    else
+      output_rows<kQ4>(xp, sp, yp, M, K, N, n, qs_row, d_row, m_row);
+  });
+  return y;
+}
+
+template <bool kQ4>
+torch::Tensor block_linear_i8(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
+                              const torch::Tensor* m, int64_t isa) {
+  const bool vnni = resolve_vnni(isa);
+  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), num_blocks = K / kBlock;
+  const int64_t stride = padded_blocks(num_blocks);
+  auto y = torch::empty({M, N}, x.options());
+  auto xq = torch::empty({M, K}, x.options().dtype(torch::kInt8));
+  auto scales = torch::empty({2, M, stride}, x.options());
+  const int8_t* xqp = xq.data_ptr<int8_t>();
+  float* dxp = scales.data_ptr<float>();
+  float* sxp = dxp + M * stride;
+  quantize_rows(x.data_ptr<float>(), M, K, xq.data_ptr<int8_t>(), dxp, sxp);
+  float* yp = y.data_ptr<float>();
+  for_each_weight_row(qs, d, m, [&](int64_t n, const uint8_t* qs_row, const uint16_t* d_row,
+                                    const uint16_t* m_row) {
+    if (vnni)
+      output_rows_i8<kQ4, true>(xqp, dxp, sxp, yp + n, M, K, N, qs_row, d_row, m_row);
+    else
+      output_rows_i8<kQ4, false>(xqp, dxp, sxp, yp + n, M, K, N, qs_row, d_row, m_row);
+  });
+  return y;
+}
+
+torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
+                          int64_t isa) {
+  check_q8_0(x, qs, d);
+  return block_linear<false>(x, qs, d, nullptr, isa);
+}
+
+torch::Tensor q4_1_linear(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
+                          const torch::Tensor& m, int64_t isa) {
+  check_q4_1(x, qs, d, m);
+  return block_linear<true>(x, qs, d, &m, isa);
+}
+
+torch::Tensor q8_0_linear_i8(const torch::Tensor& x, const torch::Tensor& qs,
+                             const torch::Tensor& d, int64_t isa) {
+  check_q8_0(x, qs, d);
+  return block_linear_i8<false>(x, qs, d, nullptr, isa);
+}
+
+torch::Tensor q4_1_linear_i8(const torch::Tensor& x, const torch::Tensor& qs,
+                             const torch::Tensor& d, const torch::Tensor& m, int64_t isa) {
+  check_q4_1(x, qs, d, m);
+  return block_linear_i8<true>(x, qs, d, &m, isa);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("q8_0_linear", &q8_0_linear, "x [M, K] fp32 times q8_0 blocks [N, K] transposed");
-  m.def("q4_1_linear", &q4_1_linear, "x [M, K] fp32 times q4_1 blocks [N, K] transposed");
+  m.def("q8_0_linear", &q8_0_linear, "x [M, K] fp32 times q8_0 blocks [N, K] transposed",
+        pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("isa") = 0);
+  m.def("q4_1_linear", &q4_1_linear, "x [M, K] fp32 times q4_1 blocks [N, K] transposed",
+        pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("m"),
+        pybind11::arg("isa") = 0);
+  m.def("q8_0_linear_i8", &q8_0_linear_i8,
+        "q8_0_linear with each block of 32 activations rounded to int8 (integer dots)",
+        pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("isa") = 0);
+  m.def("q4_1_linear_i8", &q4_1_linear_i8,
+        "q4_1_linear with each block of 32 activations rounded to int8 (integer dots)",
+        pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("m"),
+        pybind11::arg("isa") = 0);
+  m.def("has_vnni", &cpu_has_vnni, "whether this CPU has AVX-512 VNNI (with avx512f/bw/vl/dq)");
+  m.def("isa_name", &isa_name, "the code path isa (0 auto, 1 AVX2, 2 AVX-512) runs here",
+        pybind11::arg("isa") = 0);
+  m.def("has_avx512", &cpu_has_avx512, "whether this CPU has avx512f/bw/vl/dq");
 }
