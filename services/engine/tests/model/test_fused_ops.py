@@ -85,3 +85,73 @@ def test_without_the_extension_the_torch_ops_run(monkeypatch):
     residual, delta, weight = torch.randn(4, HIDDEN), torch.randn(4, HIDDEN), torch.randn(HIDDEN)
     expected = fused_ops.rms_norm_torch(residual + delta, weight, 1e-5)
     assert torch.equal(fused_ops.add_rms_norm_(residual, delta, weight, 1e-5), expected)
+
+
+INTERMEDIATE = 1536
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("rows,width", [(1, INTERMEDIATE), (16, INTERMEDIATE), (257, 37)])
+def test_silu_and_mul_is_within_1e_6_of_torch(native, monkeypatch, isa, rows, width):
+    if isa == "avx512" and native.isa_name(0) != "avx512":
+        pytest.skip("this CPU has no AVX-512")
+    monkeypatch.setattr(fused_ops, "SWIGLU_ISA", fused_ops.SWIGLU_ISAS[isa])
+    g = torch.Generator().manual_seed(rows)
+    gate_up = torch.randn(rows, 2 * width, generator=g) * 4
+    gate_up[0, :6] = torch.tensor([0.0, -0.0, 100.0, -100.0, 1e-30, -90.0])  # exp's range ends
+    expected = fused_ops.silu_and_mul_torch(gate_up)
+    out = fused_ops.silu_and_mul(gate_up)
+    assert out.shape == (rows, width) and out.is_contiguous()
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-30)
+    assert torch.equal(native.silu_and_mul(gate_up, fused_ops.SWIGLU_ISAS[isa]), out)
+
+
+def test_silu_and_mul_reads_strided_rows(native):
+    wide = torch.randn(5, 3 * INTERMEDIATE)
+    gate_up = wide[:, :2 * INTERMEDIATE]  # rows 3I apart in memory
+    torch.testing.assert_close(fused_ops.silu_and_mul(gate_up),
+                               fused_ops.silu_and_mul_torch(gate_up), rtol=1e-6, atol=1e-30)
+
+
+def test_silu_and_mul_falls_back_to_torch(native, monkeypatch):
+    x = torch.randn(3, 2 * INTERMEDIATE, dtype=torch.bfloat16)
+    assert torch.equal(fused_ops.silu_and_mul(x), fused_ops.silu_and_mul_torch(x))
+    x = torch.randn(3, 2 * INTERMEDIATE)
+    monkeypatch.setattr(fused_ops, "SWIGLU_NATIVE", False)  # CONVEYOR_SWIGLU=off
+    assert torch.equal(fused_ops.silu_and_mul(x), fused_ops.silu_and_mul_torch(x))
+    with pytest.raises(RuntimeError, match="even width"):
+        native.silu_and_mul(torch.zeros(2, 7), 0)
+
+
+def test_kernels_release_the_gil(native, monkeypatch):
+    """A thread that wakes every 0.2 ms runs while a kernel does (the engine's event loop
+    and gRPC thread must not wait out a whole call); with the GIL held it could not."""
+    import sys
+    import threading
+    import time
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)  # no forced switch: only a released GIL lets the thread in
+    wakeups, stop = [0], threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            time.sleep(0.0002)
+            wakeups[0] += 1
+
+    thread = threading.Thread(target=ticker)
+    gate_up, weight = torch.randn(4096, 2 * INTERMEDIATE), torch.ones(2 * INTERMEDIATE)
+    try:
+        thread.start()
+        time.sleep(0.01)
+        before = wakeups[0]
+        start = time.perf_counter()
+        native.silu_and_mul(gate_up, 0)
+        native.rms_norm(gate_up, weight, 1e-5)  # (no torch op in between: they release it)
+        elapsed, during = time.perf_counter() - start, wakeups[0] - before
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(old)
+    assert elapsed > 0.003, "the kernels ran too briefly to tell"
+    assert during >= 3, f"{during} wake-ups in {elapsed * 1e3:.1f} ms of kernels"

@@ -1,16 +1,19 @@
 """A decoder layer's elementwise steps, fused into one C++ loop each on the CPU.
 
-`add_rms_norm_` (the residual add and the next RMSNorm), `rms_norm` and `rotate_` (rotary
-on q and k in place) run native/csrc/fused_layer_ops.cpp on float32 CPU tensors when it
-is built (once, cached: native/loader.py), and the torch ops they replace everywhere else
-(GPU, bfloat16, no compiler). The torch versions are the reference the tests hold the
-C++ to: the add and the rotation bit for bit, the norm within float32 rounding.
+`add_rms_norm_` (the residual add and the next RMSNorm), `rms_norm`, `rotate_` (rotary
+on q and k in place) and `silu_and_mul` (the MLP's SwiGLU on the gate_up projection's
+output) run native/csrc/fused_layer_ops.cpp on float32 CPU tensors when it is built (once,
+cached: native/loader.py), and the torch ops they replace everywhere else (GPU, bfloat16,
+no compiler). The torch versions are the reference the tests hold the C++ to: the add and
+the rotation bit for bit, the norm within float32 rounding, SwiGLU within ~1e-6 relative
+(its own vector exp).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 from types import ModuleType
 
 import torch
@@ -21,6 +24,11 @@ EXTENSION = "conveyor_fused_layer_ops"
 SOURCES = ("fused_layer_ops.cpp",)
 EXTRA_CFLAGS = ("-ffp-contract=off",)
 """No fused multiply-add contraction: products and sums round as torch's separate ops."""
+SWIGLU_ISAS = {"auto": 0, "avx2": 1, "avx512": 2}
+SWIGLU_ISA = SWIGLU_ISAS.get(os.environ.get("CONVEYOR_SWIGLU", "auto"), 0)
+"""silu_and_mul's code path: CONVEYOR_SWIGLU=avx2 or avx512 forces one (auto: AVX-512 where
+the CPU has it); CONVEYOR_SWIGLU=off keeps the torch ops."""
+SWIGLU_NATIVE = os.environ.get("CONVEYOR_SWIGLU") != "off"
 
 
 def load_fused_ops() -> ModuleType:
@@ -95,3 +103,18 @@ def rotate_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
         return rotate_torch(x, cos, signed_sin)
     native.rotate_(x, cos, signed_sin)
     return x
+
+
+def silu_and_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of gate_up [..., 2I] (gate the first half) -> [..., I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate).mul_(up)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU of the gate_up projection's output [T, 2I] -> [T, I]: one pass over the rows
+    where native, instead of silu on the strided gate half and a multiply."""
+    native = _native_for(gate_up) if SWIGLU_NATIVE else None
+    if native is None or gate_up.dim() != 2 or gate_up.stride(-1) != 1:
+        return silu_and_mul_torch(gate_up)
+    return native.silu_and_mul(gate_up, SWIGLU_ISA)

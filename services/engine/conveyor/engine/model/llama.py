@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conveyor.engine.attention import AttentionBackend
+from conveyor.engine.model import fused_ops
 from conveyor.engine.model.model_config import ModelConfig
 from conveyor.engine.model.rms_norm import RMSNorm
 from conveyor.engine.model.rotary_embedding import RotaryEmbedding, apply_rotary
@@ -55,8 +56,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate).mul_(up))
+        return self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
