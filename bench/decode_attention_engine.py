@@ -10,9 +10,11 @@ workloads (random-token prompts, 64 output tokens, ignore_eos):
         [--rounds 2] [--backends native:avx2 native:avx512-cascade]
 
 A setting is `torch` or `native:<kernel path>` (native_kernel.KERNEL_PATHS). Prints per
-round, workload and setting: output tok/s, TPOT p50 (ms), TTFT p50 (ms); per round and
-setting the prefix/plain TPOT ratio (issue 19's target: at most 1.10); the load average at
-the start.
+round, workload and setting: output tok/s, TPOT p50 (ms), TTFT p50 (ms), and the steady
+decode gap p50 (ms: the gaps between tokens after every request's first token, i.e. steps
+with no prefill chunk, the part decode attention sets); per round and setting the
+prefix/plain ratios of TPOT (issue 19's target: at most 1.10) and of the steady gap; the
+load average.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import argparse
 import json
 import os
 import random
+import statistics
 
 from bench.inprocess_engine import make_llm, run_inprocess
+from bench.serving.client import RequestResult
 from bench.serving.workload import BenchRequest
 
 VOCAB_LOW, VOCAB_HIGH = 100, 49152
@@ -36,6 +40,19 @@ def workload(kind: str, num_requests: int, output_len: int, seed: int) -> list[B
         ids = prefix + [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(256)]
         requests.append(BenchRequest(prompt=ids, prompt_len=len(ids), max_tokens=output_len))
     return requests
+
+
+def steady_gap_ms(results: list[RequestResult]) -> float:
+    """p50 of the inter-token gaps that end after the last request's first token (ms)."""
+    last_first = max(r.start_time + r.ttft for r in results)
+    gaps = []
+    for r in results:
+        t = r.start_time + r.ttft
+        for gap in r.itl:
+            t += gap
+            if t > last_first:
+                gaps.append(gap)
+    return statistics.median(gaps) * 1e3 if gaps else float("nan")
 
 
 def make_setting(setting: str, threads: int):
@@ -68,17 +85,23 @@ def main() -> None:
             requests = workload(kind, args.concurrency, args.output_len, seed=round_index * 10
                                 + (kind == "prefix"))
             for setting, llm in llms.items():
-                metrics, _ = run_inprocess(llm, list(requests), args.concurrency)
-                tpot[kind, setting] = metrics.tpot.p50
+                metrics, results = run_inprocess(llm, list(requests), args.concurrency)
+                steady = steady_gap_ms(results)
+                tpot[kind, setting] = metrics.tpot.p50, steady
                 rows.append({"round": round_index, "workload": kind, "backend": setting,
                              "output_tok_s": metrics.output_throughput,
-                             "tpot_p50_ms": metrics.tpot.p50, "ttft_p50_ms": metrics.ttft.p50})
+                             "tpot_p50_ms": metrics.tpot.p50, "ttft_p50_ms": metrics.ttft.p50,
+                             "steady_gap_p50_ms": steady})
                 print(f"round {round_index} {kind:6s} {setting:22s} | "
                       f"{metrics.output_throughput:6.1f} tok/s TPOT {metrics.tpot.p50:6.1f} "
-                      f"TTFT {metrics.ttft.p50:7.0f} | load {os.getloadavg()[0]:.2f}", flush=True)
+                      f"TTFT {metrics.ttft.p50:7.0f} steady gap {steady:6.1f} | "
+                      f"load {os.getloadavg()[0]:.2f}", flush=True)
         for setting in llms:
+            (prefix_tpot, prefix_gap), (plain_tpot, plain_gap) = (tpot["prefix", setting],
+                                                                  tpot["plain", setting])
             print(f"round {round_index} {setting:22s} prefix/plain TPOT "
-                  f"{tpot['prefix', setting] / tpot['plain', setting]:.2f}", flush=True)
+                  f"{prefix_tpot / plain_tpot:.2f}, steady gap {prefix_gap / plain_gap:.2f}",
+                  flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
