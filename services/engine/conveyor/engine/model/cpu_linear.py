@@ -33,7 +33,7 @@ max_num_batched_tokens); measured within noise of a 16-row hint at 2-32 rows."""
 
 GEMV_EXTENSION = "conveyor_fp32_gemv"
 GEMV_SOURCES = ("fp32_gemv.cpp",)
-GEMV_MAX_ROWS = 2
+GEMV_MAX_ROWS = 4
 """Steps of at most this many rows take the streaming GEMV (bench/linear_kernels.py)."""
 GEMV_ISAS = {"auto": 0, "avx2": 1, "avx512": 2}
 GEMV_ISA = GEMV_ISAS.get(os.environ.get("CONVEYOR_FP32_GEMV", "auto"), 0)
