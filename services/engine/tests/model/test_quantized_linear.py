@@ -60,6 +60,19 @@ def test_block_kernel_matches_dequantize_then_matmul(isa, weight_class, rows: in
     assert _relative_error(weights.matmul(x), reference) < TOLERANCE
 
 
+@pytest.mark.parametrize("weight_class", [Q8_0Weight, Q4_1Weight, Q8_0Int8Weight, Q4_1Int8Weight])
+def test_a_row_computes_the_same_at_any_row_count(isa, weight_class) -> None:
+    torch.manual_seed(0)
+    weights = weight_class(torch.randn(40, 2080), isa=isa)
+    if weight_class in (Q8_0Int8Weight, Q4_1Int8Weight) and isa == ql.ISA_AVX512 \
+            and not weights._kernels.has_vnni():
+        pytest.skip("this CPU lacks AVX-512 VNNI")
+    x = torch.randn(9, 2080)
+    alone = weights.matmul(x[:1].contiguous())
+    for rows in range(2, 10):
+        assert torch.equal(weights.matmul(x[:rows].contiguous())[:1], alone), rows
+
+
 def _round_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x with each block of 32 rounded to int8 times max|x| / 127 (as the int8 kernels do),
     and those scales."""

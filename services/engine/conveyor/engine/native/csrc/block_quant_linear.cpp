@@ -12,9 +12,9 @@
 //   -mavx2 -mfma -mf16c): a block becomes 2 x 16 floats w = d * q (+ m) with one conversion
 //   and one multiply-add per 16 weights; these are exactly the dequantized fp32 weights (d * q
 //   is exact in fp32: q has at most 8 bits and d 11, so only the + m rounds, once, as in
-//   dequantize()). Each (row of x, half block) has its own accumulator and blocks are unrolled
-//   for one or two rows, so at least 8 independent multiply-add chains are in flight; up to 8
-//   rows of x per pass over a weight row. The block scales are converted to fp32 64 at a time.
+//   dequantize()). Each (row of x, half block, one of 2 unrolled blocks) has its own
+//   accumulator; up to 4 rows of x per pass over a weight row, a row's summation order the
+//   same at any row count. The block scales are converted to fp32 64 at a time.
 // - AVX2 + FMA + F16C: per block, 4 products of 8 lanes summed, scaled by d, added to 8 lane
 //   accumulators; for q4_1 m * sum(x of the block) is added separately
 //   (sum_j (d q_j + m) x_j = d sum_j q_j x_j + m sum_j x_j); up to 4 rows of x per pass.
@@ -123,7 +123,11 @@ void output_rows(const float* x, const float* xsum, float* y, int64_t M, int64_t
 
 #define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
 
-constexpr int kTile512 = 8;     // rows of x per pass over a weight row
+constexpr int kTile512 = 4;     // rows of x per pass over a weight row
+// blocks unrolled, the same for every tile size, so that a row's sum does not depend on the
+// rows beside it (a one-row step has 4 multiply-add chains, which keep up with this CPU's
+// one 512-bit FMA a cycle)
+constexpr int kUnroll512 = 2;
 constexpr int64_t kChunk = 64;  // blocks whose fp16 scales are converted to fp32 at a time
 
 // One block's 32 weights as 2 x 16 floats: weights 0..15 and 16..31.
@@ -195,21 +199,16 @@ template <bool kQ4>
 AVX512 void output_rows_512(const float* x, float* y, int64_t M, int64_t K, int64_t N,
                             const uint8_t* qs_row, const uint16_t* d_row, const uint16_t* m_row) {
   int64_t r0 = 0;
-  auto rows = [&](auto R, auto U) AVX512 {
-    output_row_512<decltype(R)::value, decltype(U)::value, kQ4>(x + r0 * K, y + r0 * N, K, N,
-                                                               qs_row, d_row, m_row);
+  auto rows = [&](auto R) AVX512 {
+    output_row_512<decltype(R)::value, kUnroll512, kQ4>(x + r0 * K, y + r0 * N, K, N, qs_row,
+                                                        d_row, m_row);
   };
   using std::integral_constant;
-  for (; r0 + kTile512 <= M; r0 += kTile512)
-    rows(integral_constant<int, kTile512>{}, integral_constant<int, 1>{});
+  for (; r0 + kTile512 <= M; r0 += kTile512) rows(integral_constant<int, kTile512>{});
   switch (M - r0) {
-    case 7: rows(integral_constant<int, 7>{}, integral_constant<int, 1>{}); break;
-    case 6: rows(integral_constant<int, 6>{}, integral_constant<int, 1>{}); break;
-    case 5: rows(integral_constant<int, 5>{}, integral_constant<int, 1>{}); break;
-    case 4: rows(integral_constant<int, 4>{}, integral_constant<int, 1>{}); break;
-    case 3: rows(integral_constant<int, 3>{}, integral_constant<int, 2>{}); break;
-    case 2: rows(integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
-    case 1: rows(integral_constant<int, 1>{}, integral_constant<int, 4>{}); break;
+    case 3: rows(integral_constant<int, 3>{}); break;
+    case 2: rows(integral_constant<int, 2>{}); break;
+    case 1: rows(integral_constant<int, 1>{}); break;
     default: break;
   }
 }
