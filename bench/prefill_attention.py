@@ -9,6 +9,7 @@ of its gather buffer [L / 16, 16, 3, 64]). Variants, each timed over alternating
   sdpa-exp    SDPA on contiguous, GQA-expanded keys and values
   folded      the 3 query heads of a KV head folded into one [3L, 64] x [64, L] matmul,
               additive causal mask, softmax, matmul with the values (no GQA expansion)
+  folded-N    folded by query chunks of N rows, each against the keys up to its last row
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.prefill_attention [--lengths 64,256,1024]
 """
@@ -62,7 +63,28 @@ def folded(q, k, v):
     return torch.matmul(probs, v).view(b, h, length, d)
 
 
-VARIANTS = {"sdpa": sdpa, "sdpa-math": sdpa_math, "sdpa-exp": sdpa_expanded, "folded": folded}
+def folded_blocked(q, k, v, chunk: int = 256):
+    """folded, by query chunks of `chunk` rows, each against the keys up to its last row."""
+    b, h, length, d = q.shape
+    group = h // KV_HEADS
+    out = q.new_empty(b, KV_HEADS, group, length, d)
+    qg = q.view(b, KV_HEADS, group, length, d)
+    for start in range(0, length, chunk):
+        end = min(start + chunk, length)
+        rows = end - start
+        qc = qg[:, :, :, start:end].reshape(b, KV_HEADS, group * rows, d)
+        scores = torch.matmul(qc, k[:, :, :end].transpose(-1, -2)).mul_(d ** -0.5)
+        mask = torch.full((rows, end), float("-inf")).triu_(start + 1)
+        scores = scores.view(b, KV_HEADS, group, rows, end).add_(mask)
+        probs = torch.softmax(scores, dim=-1).view(b, KV_HEADS, group * rows, end)
+        out[:, :, :, start:end] = torch.matmul(probs, v[:, :, :end]).view(
+            b, KV_HEADS, group, rows, d)
+    return out.view(b, h, length, d)
+
+
+VARIANTS = {"sdpa": sdpa, "sdpa-math": sdpa_math, "sdpa-exp": sdpa_expanded, "folded": folded,
+            "folded-256": folded_blocked,
+            "folded-128": lambda q, k, v: folded_blocked(q, k, v, 128)}
 
 
 def main() -> None:
