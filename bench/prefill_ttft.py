@@ -65,7 +65,7 @@ def main() -> None:
                 [sys.executable, "-m", "bench.prefill_ttft", "--child", "--lengths", args.lengths,
                  "--reps", str(args.reps), "--threads", str(args.threads)],
                 env={**os.environ, **env}, capture_output=True, text=True, check=True)
-            line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+            line = next(s for s in proc.stdout.splitlines() if s.startswith("RESULT "))
             for n, ms in json.loads(line[7:]).items():
                 results[name][int(n)].append(ms)
             print(name, line[7:], flush=True)
