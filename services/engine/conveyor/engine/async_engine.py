@@ -5,6 +5,14 @@ adds and aborts through an inbox; the loop applies them at the next step
 boundary, steps while any request is alive and sleeps otherwise. Each request's
 deltas reach its caller's event loop through `loop.call_soon_threadsafe` into a
 per-request asyncio queue.
+
+Given a factory instead of a core, the loop thread builds the core itself, so the
+model's parallel torch work (loading, warm-up, every step) runs on one thread only.
+libgomp keeps a thread pool per thread that opens parallel regions, and once it
+manages more threads than there are CPUs it stops spinning between regions: with
+the core built on another thread (an asyncio executor's), the loop thread's workers
+sleep and wake around each of a decode step's ~150 regions, and a one-row step took
+twice as long (docs/performance.md, "One thread for the engine's torch work").
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from conveyor.engine.core.errors import DuplicateRequestId
@@ -59,16 +67,24 @@ class _Inbox:
 
 
 class AsyncEngine:
-    """Runs an EngineCore on a background thread; `generate` streams one request's deltas."""
+    """Runs an EngineCore on a background thread; `generate` streams one request's deltas.
 
-    def __init__(self, core: EngineCore, metrics: EngineMetrics | None = None):
-        self.core = core
+    `core` is the EngineCore, or a function that builds it: then `start` has the loop
+    thread build it (the engine server does, see the module docstring) and returns once
+    it is built, raising what the factory raised."""
+
+    def __init__(self, core: EngineCore | Callable[[], EngineCore],
+                 metrics: EngineMetrics | None = None):
+        self._factory = None if isinstance(core, EngineCore) else core
+        self.core: EngineCore | None = None if self._factory else core
         self.metrics = metrics
         self._lock = threading.Condition()
         self._inbox = _Inbox()
         self._streams: dict[str, _Stream] = {}
         self._stopped = False
-        self._stats = core.stats()
+        self._stats = None if self._factory else core.stats()
+        self._built = threading.Event()
+        self._build_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     @property
@@ -85,7 +101,13 @@ class AsyncEngine:
             return len(self._streams)
 
     def start(self) -> AsyncEngine:
+        """Start the loop; with a factory, wait until the loop thread has built the core."""
         self._thread.start()
+        if self._factory is not None:
+            self._built.wait()
+            if self._build_error is not None:
+                self._thread.join()
+                raise self._build_error
         return self
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
@@ -148,6 +170,8 @@ class AsyncEngine:
     # ---- the loop thread ----
 
     def _run(self) -> None:
+        if self._factory is not None and not self._build_core():
+            return
         log.info("engine loop started")
         while True:
             inbox = self._wait_for_work()
@@ -158,6 +182,17 @@ class AsyncEngine:
                 self._step_once()
             self._publish_stats()
         log.info("engine loop stopped")
+
+    def _build_core(self) -> bool:
+        try:
+            self.core = self._factory()
+            self._stats = self.core.stats()
+        except BaseException as exc:  # re-raised by start() on the caller's thread
+            self._build_error = exc
+            return False
+        finally:
+            self._built.set()
+        return True
 
     def _wait_for_work(self) -> _Inbox | None:
         """Block until there is something to do; take the inbox. None means stop."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from conveyor.common.grpc_server import (
@@ -43,9 +44,11 @@ async def serve(settings: EngineSettings) -> None:
     registry (no new requests are routed here), drain in-flight streams, stop the loop."""
     setup_logging("engine", settings.log_level, settings.log_json)
     setup_tracing("conveyor-engine")
-    core = await asyncio.to_thread(build_engine_core, settings)
-    metrics = start_metrics(settings, core.info.model, core.info.engine_id)
-    engine = AsyncEngine(core, metrics).start()
+    # The loop thread builds the core, so all of the model's torch work runs on that one
+    # thread (async_engine.py says why); this thread only waits for it.
+    engine = await asyncio.to_thread(
+        AsyncEngine(functools.partial(build_engine_core, settings)).start)
+    engine.metrics = start_metrics(settings, engine.info.model, engine.info.engine_id)
 
     async def stop_engine() -> None:
         await asyncio.to_thread(engine.shutdown)

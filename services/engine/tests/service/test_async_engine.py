@@ -118,3 +118,41 @@ async def test_a_request_the_core_refuses_fails_alone(engine):
     with pytest.raises(ValueError, match="max_model_len"):
         await _collect(engine, too_long)
     assert (await _collect(engine, _request("ok", [1, 2], max_tokens=2))) == {0: [3, 4]}
+
+
+async def test_a_factory_builds_the_core_on_the_loop_thread_that_steps_it(support):
+    """All of the model's torch work on one thread: the thread that builds the core is
+    the one that runs its steps (libgomp keeps a pool per thread that opens parallel
+    regions; two pools stop its workers spinning between a step's regions)."""
+    threads = {}
+
+    def factory():
+        threads["build"] = threading.current_thread()
+        core = support.make_core()
+        step = core.step
+
+        def recording_step():
+            threads["step"] = threading.current_thread()
+            return step()
+
+        core.step = recording_step
+        return core
+
+    engine = AsyncEngine(factory).start()
+    try:
+        assert engine.core is not None and engine.stats().num_free_blocks > 0
+        assert await _collect(engine, _request("f", [1, 2], max_tokens=3)) == {0: [3, 4, 5]}
+    finally:
+        engine.shutdown()
+    assert threads["build"] is threads["step"] is not threading.main_thread()
+    assert threads["build"].name == "engine-loop"
+
+
+def test_a_factory_error_is_raised_by_start_and_the_loop_ends():
+    def factory():
+        raise ValueError("raise kv_cache_gib")
+
+    engine = AsyncEngine(factory)
+    with pytest.raises(ValueError, match="kv_cache_gib"):
+        engine.start()
+    assert not engine._thread.is_alive()
