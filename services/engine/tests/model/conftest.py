@@ -220,3 +220,38 @@ def tiny_runner():
         return ModelRunner(RunnerConfig(**settings), model=model)
 
     return make
+
+
+@pytest.fixture
+def wakeups_during():
+    """`wakeups_during(fn)`: run fn() and count how often a thread sleeping 0.2 ms at a
+    time woke and ran Python meanwhile; also returns how long fn took. With the
+    interpreter's forced switch pushed out to 5 s, only a kernel that releases the GIL
+    lets that thread in (the engine's asyncio/gRPC thread must not wait out a kernel)."""
+    import sys
+    import threading
+    import time
+
+    def measure(fn) -> tuple[int, float]:
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(5.0)
+        wakeups, stop = [0], threading.Event()
+
+        def ticker():
+            while not stop.is_set():
+                time.sleep(0.0002)
+                wakeups[0] += 1
+
+        thread = threading.Thread(target=ticker)
+        try:
+            thread.start()
+            time.sleep(0.01)
+            before, start = wakeups[0], time.perf_counter()
+            fn()
+            return wakeups[0] - before, time.perf_counter() - start
+        finally:
+            stop.set()
+            thread.join()
+            sys.setswitchinterval(old)
+
+    return measure

@@ -82,3 +82,16 @@ def test_an_unknown_code_path_is_refused() -> None:
             ops.isa_name(GEMV_ISAS["avx512"])
     else:
         assert ops.isa_name(0) == "avx512"
+
+
+def test_the_gemv_releases_the_gil(wakeups_during) -> None:
+    """The engine's asyncio/gRPC thread runs while a one-row linear streams its weight."""
+    x, w = torch.randn(1, 4096), torch.randn(8192, 4096)
+
+    def calls():
+        for _ in range(5):
+            ops.fp32_linear(x, w, None, 0)
+
+    during, elapsed = wakeups_during(calls)
+    assert elapsed > 0.003, "the GEMV ran too briefly to tell"
+    assert during >= 3, f"{during} wake-ups in {elapsed * 1e3:.1f} ms of GEMV calls"

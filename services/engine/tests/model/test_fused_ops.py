@@ -123,35 +123,15 @@ def test_silu_and_mul_falls_back_to_torch(native, monkeypatch):
         native.silu_and_mul(torch.zeros(2, 7), 0)
 
 
-def test_kernels_release_the_gil(native, monkeypatch):
+def test_kernels_release_the_gil(native, wakeups_during):
     """A thread that wakes every 0.2 ms runs while a kernel does (the engine's event loop
     and gRPC thread must not wait out a whole call); with the GIL held it could not."""
-    import sys
-    import threading
-    import time
-
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(5.0)  # no forced switch: only a released GIL lets the thread in
-    wakeups, stop = [0], threading.Event()
-
-    def ticker():
-        while not stop.is_set():
-            time.sleep(0.0002)
-            wakeups[0] += 1
-
-    thread = threading.Thread(target=ticker)
     gate_up, weight = torch.randn(4096, 2 * INTERMEDIATE), torch.ones(2 * INTERMEDIATE)
-    try:
-        thread.start()
-        time.sleep(0.01)
-        before = wakeups[0]
-        start = time.perf_counter()
+
+    def kernels():
         native.silu_and_mul(gate_up, 0)
         native.rms_norm(gate_up, weight, 1e-5)  # (no torch op in between: they release it)
-        elapsed, during = time.perf_counter() - start, wakeups[0] - before
-    finally:
-        stop.set()
-        thread.join()
-        sys.setswitchinterval(old)
+
+    during, elapsed = wakeups_during(kernels)
     assert elapsed > 0.003, "the kernels ran too briefly to tell"
     assert during >= 3, f"{during} wake-ups in {elapsed * 1e3:.1f} ms of kernels"

@@ -288,3 +288,23 @@ def test_greedy_with_shared_prefix_blocks_matches_transformers(native_model, mak
             reference = hf_model.generate(torch.tensor([ids]), do_sample=False,
                                           max_new_tokens=10, pad_token_id=2)[0, len(ids):]
         assert outputs[f"p{i}"][:len(reference)] == reference.tolist(), i
+
+
+@needs_kernel
+def test_the_kernel_releases_the_gil(make_random_step, wakeups_during):
+    """The engine's asyncio/gRPC thread runs while a decode step's attention does."""
+    step = make_random_step(block_size=16, num_kv_heads=3, group=3, head_dim=64,
+                            seqs=[(2000, 1)] * 16)
+    backend = NativeAttentionBackend(step.spec)
+    plan = backend.plan(step.meta)
+    query = step.query.contiguous()
+    out = torch.empty_like(query)
+
+    def kernel_calls():
+        for _ in range(10):
+            backend._kernel.paged_decode_attention(out, query, step.kv_cache, plan.block_tables,
+                                                   plan.seq_lens, step.spec.scale, 0, 0)
+
+    during, elapsed = wakeups_during(kernel_calls)
+    assert elapsed > 0.003, "the kernel ran too briefly to tell"
+    assert during >= 3, f"{during} wake-ups in {elapsed * 1e3:.1f} ms of kernel calls"

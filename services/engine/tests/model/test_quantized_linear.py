@@ -257,3 +257,17 @@ def test_formats_need_the_cpu_in_float32(device: str, dtype: str) -> None:
         config.validate()
     assert "change CONVEYOR_ENGINE_WEIGHT_FORMAT to fp32" in _in_setting_names(str(error.value))
     RunnerConfig(model="m", device=device, dtype=dtype).validate()  # fp32 weights: fine
+
+
+@pytest.mark.parametrize("weight_class", [Q4_1Weight, ql.Q4_1Int8Weight])
+def test_the_block_kernels_release_the_gil(kernels, wakeups_during, weight_class) -> None:
+    """The engine's asyncio/gRPC thread runs while a quantized linear does."""
+    weights, x = weight_class(torch.randn(8192, 4096)), torch.randn(4, 4096)
+
+    def calls():
+        for _ in range(10):
+            weights.matmul(x)
+
+    during, elapsed = wakeups_during(calls)
+    assert elapsed > 0.003, "the kernel ran too briefly to tell"
+    assert during >= 3, f"{during} wake-ups in {elapsed * 1e3:.1f} ms of kernel calls"

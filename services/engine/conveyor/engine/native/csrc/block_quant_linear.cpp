@@ -499,18 +499,22 @@ torch::Tensor q4_1_linear_i8(const torch::Tensor& x, const torch::Tensor& qs,
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // The kernels touch tensors only: the GIL is released while they run, as ATen's ops do.
+  using release_gil = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("q8_0_linear", &q8_0_linear, "x [M, K] fp32 times q8_0 blocks [N, K] transposed",
-        pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("isa") = 0);
+        pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("isa") = 0,
+        release_gil());
   m.def("q4_1_linear", &q4_1_linear, "x [M, K] fp32 times q4_1 blocks [N, K] transposed",
         pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("m"),
-        pybind11::arg("isa") = 0);
+        pybind11::arg("isa") = 0, release_gil());
   m.def("q8_0_linear_i8", &q8_0_linear_i8,
         "q8_0_linear with each block of 32 activations rounded to int8 (integer dots)",
-        pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("isa") = 0);
+        pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("isa") = 0,
+        release_gil());
   m.def("q4_1_linear_i8", &q4_1_linear_i8,
         "q4_1_linear with each block of 32 activations rounded to int8 (integer dots)",
         pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("m"),
-        pybind11::arg("isa") = 0);
+        pybind11::arg("isa") = 0, release_gil());
   m.def("has_vnni", &cpu_has_vnni, "whether this CPU has AVX-512 VNNI (with avx512f/bw/vl/dq)");
   m.def("isa_name", &isa_name, "the code path isa (0 auto, 1 AVX2, 2 AVX-512) runs here",
         pybind11::arg("isa") = 0);

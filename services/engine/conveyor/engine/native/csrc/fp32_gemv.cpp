@@ -255,9 +255,10 @@ std::string isa_name(int64_t isa) { return resolve_isa(isa) == 2 ? "avx512" : "a
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // Tensors only inside: the GIL is released while it runs, as ATen's ops do.
   m.def("fp32_linear", &fp32_linear, "y = x W^T + b for fp32 x [..., K], W [N, K] row-major",
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
-        pybind11::arg("isa") = 0);
+        pybind11::arg("isa") = 0, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("isa_name", &isa_name, "the code path isa (0 auto, 1 AVX2, 2 AVX-512) runs here",
         pybind11::arg("isa") = 0);
   m.def("has_avx512", &cpu_has_avx512, "whether this CPU has avx512f");

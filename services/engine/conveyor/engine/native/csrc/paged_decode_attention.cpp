@@ -662,6 +662,8 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
         "Decode attention read in place from the paged KV pool (fp32; path 0 auto, 1 AVX2, "
-        "2 AVX-512 with the shared-block cascade)");
+        "2 AVX-512 with the shared-block cascade)",
+        // tensors only inside: the GIL is released while it runs, as ATen's ops do
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("has_avx512", &cpu_has_avx512, "Whether this CPU runs the AVX-512 paths");
 }
