@@ -73,8 +73,9 @@ def ready_for_inference(model: LlamaForCausalLM, dtype: torch.dtype,
 
 def use_cpu_kernels(model: LlamaForCausalLM, dtype: torch.dtype) -> None:
     """Every linear layer, the vocabulary projection included, through CpuLinear (see
-    cpu_linear.py). With tied embeddings the projection gets its own copy of the
-    embedding matrix: the lookup wants rows, the GEMM another layout."""
+    cpu_linear.py). With tied embeddings the projection reads the embedding matrix itself
+    (row-major, as the lookup and the streaming GEMV both want it) plus oneDNN's packed copy
+    for larger steps; without the GEMV it gets a column-major copy of its own."""
     if model.lm_head is None:
         model.lm_head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size,
                                         bias=False, device="meta")
