@@ -86,3 +86,27 @@ def test_the_image_runs_as_a_non_root_user(path):
     users = [args for instruction, args in instructions[last_from:] if instruction == "USER"]
     assert users, "the final stage sets no USER"
     assert users[-1].split(":")[0] not in ("root", "0")
+
+
+def test_the_installed_engine_carries_its_kernels_sources(tmp_path):
+    """The engine image installs services/engine as a wheel and then compiles the C++
+    kernels from the installed package (`python -m conveyor.engine.native`): the wheel must
+    hold every source and header under native/csrc."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    project = tmp_path / "engine"  # a clean copy: no build/ or egg-info of earlier builds
+    shutil.copytree(ROOT / "services" / "engine", project, ignore=shutil.ignore_patterns(
+        "build", "*.egg-info", "__pycache__", "tests"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "--quiet", "-w", str(tmp_path / "dist"), str(project)],
+                   check=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("conveyor_engine-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    csrc = ROOT / "services" / "engine" / "conveyor" / "engine" / "native" / "csrc"
+    sources = sorted(p.name for p in csrc.iterdir() if p.suffix in (".cpp", ".h"))
+    assert sources, "no kernel sources found"
+    missing = [s for s in sources if f"conveyor/engine/native/csrc/{s}" not in names]
+    assert not missing, f"the engine's wheel lacks {missing}"
