@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from bench.baselines.hf_model import load_hf_model
 from bench.baselines.incremental_text import IncrementalText
+from conveyor.common.models import load_tokenizer, resolve_model
 
 
 @dataclass(slots=True)
@@ -84,15 +85,29 @@ class BatchStreamer:
 
 
 class StaticBatcher:
-    """One thread that runs batches back to back; requests queue in between."""
+    """One thread that runs batches back to back; requests queue in between.
+
+    `model` is the model, or a function that loads it: then the batcher's thread loads it
+    and `wait_loaded` returns once it has (raising what the load raised), so all of the
+    model's torch work runs on one thread, as in Conveyor's engine (two threads opening
+    OpenMP regions stop libgomp's workers spinning: docs/performance.md, "One thread for the
+    engine's torch work")."""
 
     def __init__(self, model, tokenizer, max_batch_size: int):
-        self.model = model
+        self._load = None if isinstance(model, torch.nn.Module) else model
+        self.model = None if self._load else model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.waiting: queue.Queue[Pending] = queue.Queue()
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
         threading.Thread(target=self._loop, daemon=True, name="static-batcher").start()
+
+    def wait_loaded(self) -> None:
+        self._loaded.wait()
+        if self._load_error is not None:
+            raise self._load_error
 
     def submit(self, request: Pending) -> None:
         self.waiting.put(request)
@@ -107,6 +122,14 @@ class StaticBatcher:
         return batch
 
     def _loop(self) -> None:
+        try:
+            if self._load is not None:
+                self.model = self._load()
+        except BaseException as exc:  # re-raised by wait_loaded
+            self._load_error = exc
+            return
+        finally:
+            self._loaded.set()
         while True:
             batch = self._take_batch()
             try:
@@ -255,8 +278,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tokenizer = load_hf_model(args.model)
-    batcher = StaticBatcher(model, tokenizer, args.max_batch_size)
+    tokenizer = load_tokenizer(resolve_model(args.model))
+    batcher = StaticBatcher(lambda: load_hf_model(args.model)[0], tokenizer, args.max_batch_size)
+    batcher.wait_loaded()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))

@@ -97,3 +97,28 @@ async def test_real_server_batches_and_streams():
     assert [c["choices"][0]["finish_reason"] for c in a[:-1]] == [None, None, "length"]
     assert a[-1]["usage"]["completion_tokens"] == 3 and b[-1]["usage"]["completion_tokens"] == 5
     assert whole["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+
+
+def test_a_loader_runs_on_the_batcher_thread_and_its_error_is_raised():
+    """All of the model's torch work on one thread: the batcher's thread loads it."""
+    import threading
+    from types import SimpleNamespace
+
+    from bench.baselines.hf_static_server import StaticBatcher
+
+    tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=2)
+    seen = {}
+
+    def load():
+        seen["thread"] = threading.current_thread().name
+        return "model"
+
+    batcher = StaticBatcher(load, tokenizer, max_batch_size=2)
+    batcher.wait_loaded()
+    assert seen["thread"] == "static-batcher" and batcher.model == "model"
+
+    def broken():
+        raise OSError("no weights here")
+
+    with pytest.raises(OSError, match="no weights"):
+        StaticBatcher(broken, tokenizer, max_batch_size=2).wait_loaded()
