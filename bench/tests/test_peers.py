@@ -230,6 +230,15 @@ def test_peer_targets_met_not_met_and_limits_on_unmet_rows_only():
     assert rows["dram-floor"].status == rows["roofline"].status == "not measured"
 
 
+def test_c1_tpot_takes_the_quickest_weight_format_and_names_the_others():
+    peers = peers_results()
+    peers["systems"]["conveyor-q4"] = {"label": "x", "weights": "q4", "skipped": [],
+                                       "scenarios": {"c1": fig(30, tpot=15)}}
+    row = next(r for r in check_peer_targets(peers) if r.id == "c1-tpot")
+    assert row.status == "met" and row.measured.startswith("conveyor-q4 15.0 ms")
+    assert "conveyor-int8 21.0 ms" in row.measured and "conveyor fp32 70.0 ms" in row.measured
+
+
 def test_c1_tpot_without_a_weight_format_is_not_met_even_when_faster():
     peers = peers_results()
     del peers["systems"]["conveyor-int8"]
