@@ -41,17 +41,24 @@ GEMV_ISA = GEMV_ISAS.get(os.environ.get("CONVEYOR_FP32_GEMV", "auto"), 0)
 the CPU has it); CONVEYOR_FP32_GEMV=off keeps the GEMV out (see gemv_ops)."""
 
 
+def load_gemv() -> ModuleType:
+    """The compiled fp32 GEMV, built first if need be; raises NativeBuildError."""
+    from conveyor.engine.native import CPU_CFLAGS, load_extension
+
+    return load_extension(GEMV_EXTENSION, GEMV_SOURCES, CPU_CFLAGS)
+
+
 @functools.cache
 def gemv_ops() -> ModuleType | None:
     """The compiled fp32 GEMV (built first if need be), or None where it is switched off
     (CONVEYOR_FP32_GEMV=off) or cannot be built or run here (the reason logged once)."""
-    from conveyor.engine.native import CPU_CFLAGS, NativeBuildError, load_extension
+    from conveyor.engine.native import NativeBuildError
 
     if os.environ.get("CONVEYOR_FP32_GEMV") == "off":
         logger.info("fp32 GEMV switched off (CONVEYOR_FP32_GEMV=off); using oneDNN/MKL")
         return None
     try:
-        module = load_extension(GEMV_EXTENSION, GEMV_SOURCES, CPU_CFLAGS)
+        module = load_gemv()
         isa = module.isa_name(GEMV_ISA)
     except (NativeBuildError, RuntimeError) as exc:
         logger.warning("fp32 GEMV unavailable, using oneDNN/MKL for few-row steps: %s", exc)

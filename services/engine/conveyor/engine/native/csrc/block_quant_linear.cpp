@@ -26,7 +26,12 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cpu_isa.h"
+
 namespace {
+
+using conveyor_native::cpu_has_avx512;
+using conveyor_native::horizontal_sum;
 
 constexpr int64_t kBlock = 32;
 constexpr int64_t kTile = 4;  // AVX2: rows of x per pass over a weight row
@@ -34,13 +39,6 @@ constexpr int64_t kTile = 4;  // AVX2: rows of x per pass over a weight row
 // ---- AVX2 ----------------------------------------------------------------------------
 
 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
-
-inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // The 32 weights of one block as 4 x 8 floats (before the scale).
 struct Block {
@@ -361,23 +359,13 @@ VNNI void output_rows_i8(const int8_t* xq, const float* dx, const float* sx, flo
 
 // ---- entry points --------------------------------------------------------------------
 
-bool cpu_has_avx512() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-}
+constexpr const char* kKernel = "the block kernels";
 
-int64_t resolve_isa(int64_t isa) {
-  TORCH_CHECK(isa >= 0 && isa <= 2, "isa must be 0 (auto), 1 (AVX2) or 2 (AVX-512), got ", isa);
-  if (isa == 0) isa = cpu_has_avx512() ? 2 : 1;
-  TORCH_CHECK(isa != 2 || cpu_has_avx512(), "AVX-512 asked for but this CPU lacks avx512f/bw/vl/dq");
-  return isa;
-}
+int64_t resolve_isa(int64_t isa) { return conveyor_native::resolve_isa(isa, kKernel); }
 
-std::string isa_name(int64_t isa) { return resolve_isa(isa) == 2 ? "avx512" : "avx2"; }
+std::string isa_name(int64_t isa) { return conveyor_native::isa_name(isa, kKernel); }
 
-bool cpu_has_vnni() {
-  return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
-}
+bool cpu_has_vnni() { return conveyor_native::cpu_has_avx512_vnni(); }
 
 // isa for the int8 kernels: 0 auto (VNNI where the CPU has it), 1 AVX2, 2 AVX-512 VNNI.
 bool resolve_vnni(int64_t isa) {

@@ -25,7 +25,12 @@
 #include <string>
 #include <vector>
 
+#include "cpu_isa.h"
+
 namespace {
+
+using conveyor_native::cpu_has_avx512;
+using conveyor_native::horizontal_sum;
 
 #ifndef FP32_GEMV_TILE_N
 #define FP32_GEMV_TILE_N 1
@@ -131,13 +136,6 @@ AVX512 void columns_512(const float* w, int64_t K, const float* x, int64_t M, fl
 
 // ---- AVX2 + FMA ----------------------------------------------------------------------
 
-inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 inline __m256i tail_mask(int64_t left) {
   alignas(32) static const int32_t ones[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
                                                0,  0,  0,  0,  0,  0,  0,  0};
@@ -196,17 +194,9 @@ void columns_256(const float* w, int64_t K, const float* x, int64_t M, float* y,
 
 // ---- entry points --------------------------------------------------------------------
 
-bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f"); }
+constexpr const char* kKernel = "the fp32 GEMV";
 
-bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-
-int64_t resolve_isa(int64_t isa) {
-  TORCH_CHECK(isa >= 0 && isa <= 2, "isa must be 0 (auto), 1 (AVX2) or 2 (AVX-512), got ", isa);
-  if (isa == 0) isa = cpu_has_avx512() ? 2 : 1;
-  TORCH_CHECK(isa != 2 || cpu_has_avx512(), "AVX-512 asked for but this CPU lacks avx512f");
-  TORCH_CHECK(cpu_has_avx2(), "the fp32 GEMV needs AVX2 and FMA; this CPU lacks them");
-  return isa;
-}
+int64_t resolve_isa(int64_t isa) { return conveyor_native::resolve_isa(isa, kKernel); }
 
 torch::Tensor fp32_linear(const torch::Tensor& input, const torch::Tensor& w,
                           const c10::optional<torch::Tensor>& bias, int64_t isa) {
@@ -250,7 +240,7 @@ torch::Tensor fp32_linear(const torch::Tensor& input, const torch::Tensor& w,
   return y;
 }
 
-std::string isa_name(int64_t isa) { return resolve_isa(isa) == 2 ? "avx512" : "avx2"; }
+std::string isa_name(int64_t isa) { return conveyor_native::isa_name(isa, kKernel); }
 
 }  // namespace
 
@@ -261,5 +251,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("isa") = 0, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("isa_name", &isa_name, "the code path isa (0 auto, 1 AVX2, 2 AVX-512) runs here",
         pybind11::arg("isa") = 0);
-  m.def("has_avx512", &cpu_has_avx512, "whether this CPU has avx512f");
+  m.def("has_avx512", &cpu_has_avx512, "whether this CPU has avx512f/dq/bw/vl");
 }

@@ -29,7 +29,11 @@
 #include <cmath>
 #include <string>
 
+#include "cpu_isa.h"
+
 namespace {
+
+using conveyor_native::cpu_has_avx512;
 
 constexpr int64_t kGrainRows = 16;  // rows per thread task: one row is far too little work
 
@@ -205,18 +209,9 @@ AVX512 void silu_mul_row_512(const float* g, const float* u, float* out, int64_t
   }
 }
 
-bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f"); }
+int64_t resolve_isa(int64_t isa) { return conveyor_native::resolve_isa(isa, "silu_and_mul"); }
 
-int64_t resolve_isa(int64_t isa) {
-  TORCH_CHECK(isa >= 0 && isa <= 2, "isa must be 0 (auto), 1 (AVX2) or 2 (AVX-512), got ", isa);
-  TORCH_CHECK(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
-              "silu_and_mul needs AVX2 and FMA; this CPU lacks them");
-  if (isa == 0) isa = cpu_has_avx512() ? 2 : 1;
-  TORCH_CHECK(isa != 2 || cpu_has_avx512(), "AVX-512 asked for but this CPU lacks avx512f");
-  return isa;
-}
-
-std::string isa_name(int64_t isa) { return resolve_isa(isa) == 2 ? "avx512" : "avx2"; }
+std::string isa_name(int64_t isa) { return conveyor_native::isa_name(isa, "silu_and_mul"); }
 
 // gate_up [T, 2I] (rows contiguous, any row stride): gate = columns [0, I), up = [I, 2I).
 torch::Tensor silu_and_mul(const torch::Tensor& gate_up, int64_t isa) {

@@ -27,7 +27,12 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_isa.h"
+
 namespace {
+
+using conveyor_native::cpu_has_avx512;
+using conveyor_native::horizontal_sum;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -48,13 +53,6 @@ inline __m256 exp_nonpositive(__m256 x) {
   const __m256i bits = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 inline float hmax(__m256 v) {
@@ -128,7 +126,7 @@ void block_scores(const float* q, const float* k, int64_t token_stride, int64_t 
       const float* k0 = k + t * token_stride;
       __m256 a = _mm256_setzero_ps();
       for (int c = 0; c < C; ++c) a = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 8 * c), a);
-      s[t] = hsum(a);
+      s[t] = horizontal_sum(a);
     }
   }
 }
@@ -157,7 +155,7 @@ void block_update(const float* v, int64_t token_stride, int64_t t0, int64_t t1, 
       vsum = _mm256_add_ps(vsum, p);
       _mm256_storeu_ps(s + t, p);
     }
-    float block_sum = hsum(vsum);
+    float block_sum = horizontal_sum(vsum);
     if (t < t1) {
       alignas(32) float tail[8];
       for (int i = 0; i < 8; ++i) tail[i] = t + i < t1 ? s[t + i] - new_max : kNegInf;
@@ -585,11 +583,6 @@ CONVEYOR_AVX512 void attend_items_cascade(const Pool& pool, const Batch& batch, 
       for (int64_t d = 0; d < D; ++d) dst[g * D + d] = acc[(i * G + g) * D + d] * inv;
     }
   }
-}
-
-bool cpu_has_avx512() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
 // Kernel paths (the `path` argument): the best this CPU runs, or one forced (A/B, tests).

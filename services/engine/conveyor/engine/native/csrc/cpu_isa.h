@@ -1,0 +1,55 @@
+// What the engine's C++ kernels share: the CPU features that pick their code paths, and the
+// 8-lane horizontal sum. The libraries are built for AVX2 + FMA (loader.py's CPU_CFLAGS); their
+// AVX-512 functions carry target attributes and run only where cpu_has_avx512() says so, so one
+// build (an image's) runs on either kind of host.
+#pragma once
+
+#include <immintrin.h>
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <string>
+
+namespace conveyor_native {
+
+// The `isa` argument of the kernels: the widest path this CPU runs, or one forced (A/B, tests).
+constexpr int64_t kIsaAuto = 0, kIsaAvx2 = 1, kIsaAvx512 = 2;
+
+inline bool cpu_has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+// AVX-512 F, DQ, BW and VL (every AVX-512 CPU since Skylake-SP has the four).
+inline bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
+inline bool cpu_has_avx512_vnni() {
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+}
+
+// kIsaAuto, kIsaAvx2 or kIsaAvx512 -> the path that runs (kIsaAvx2 or kIsaAvx512); refuses a
+// value out of range and a path this CPU lacks. `kernel` names the caller in the message.
+inline int64_t resolve_isa(int64_t isa, const char* kernel) {
+  TORCH_CHECK(isa >= kIsaAuto && isa <= kIsaAvx512,
+              "isa must be 0 (auto), 1 (AVX2) or 2 (AVX-512), got ", isa);
+  TORCH_CHECK(cpu_has_avx2(), kernel, " needs AVX2 and FMA; this CPU lacks them");
+  if (isa == kIsaAuto) isa = cpu_has_avx512() ? kIsaAvx512 : kIsaAvx2;
+  TORCH_CHECK(isa != kIsaAvx512 || cpu_has_avx512(),
+              "AVX-512 asked for but this CPU lacks avx512f/dq/bw/vl");
+  return isa;
+}
+
+inline std::string isa_name(int64_t isa, const char* kernel) {
+  return resolve_isa(isa, kernel) == kIsaAvx512 ? "avx512" : "avx2";
+}
+
+inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+}  // namespace conveyor_native
