@@ -1,6 +1,7 @@
-"""The `native` backend (C++ decode kernel over the paged pool) against the torch one, on
-each of the kernel's code paths (AVX2; the AVX-512 shared-block cascade, skipped where the
-CPU lacks AVX-512).
+"""The `native` backend (C++ decode and prefill kernels over the paged pool) against the
+torch one, on each of the decode kernel's code paths (AVX2; the AVX-512 shared-block
+cascade, skipped where the CPU lacks AVX-512) and with prefill chunks through the prefill
+kernel or torch.
 
 The kernel is built once into the user's cache (CONVEYOR_NATIVE_DIR) by the first test
 that needs it (~30 s, then imported in well under a second). Skipped, not failed, only
@@ -60,6 +61,7 @@ STEPS = {
     "mixed-prefill-and-decode": [(0, 11), (9, 1), (30, 5), (1, 1), (47, 1)],
     "prefill-only": [(0, 7), (3, 9)],
     "one-request": [(300, 1)],
+    "long-chunks-over-context": [(0, 50), (100, 37), (3, 1), (17, 64), (250, 2)],
 }
 
 
@@ -91,6 +93,76 @@ def test_shared_prefix_blocks_and_thread_splits(make_random_step, threads, path)
         assert_matches_torch(step, path)
     finally:
         torch.set_num_threads(previous)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("window", [None, 21])
+def test_prefill_kernel_tiles_and_thread_shares(make_random_step, threads, window):
+    """Prefill chunks of many 16-position tiles over cached context, in requests sharing a
+    prefix's blocks, spread over 1-3 threads by cost: the prefill kernel matches torch, and
+    the decode token between them is the decode kernel's."""
+    step = make_random_step(block_size=16, num_kv_heads=3, group=3, head_dim=64,
+                            seqs=[(0, 130), (64, 71), (64, 16), (90, 1), (7, 33)],
+                            sliding_window=window, seed=11)
+    step.meta.block_tables[2, :4] = step.meta.block_tables[1, :4]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert_matches_torch(step, "avx2")
+    finally:
+        torch.set_num_threads(previous)
+
+
+@needs_kernel
+def test_prefill_path_switch(make_random_step, monkeypatch):
+    """prefill_path torch sends the chunks through the torch plan (the A/B switch, also
+    CONVEYOR_PREFILL_ATTENTION); both paths give the same attention."""
+    from conveyor.engine.attention.native_backend import PrefillRows
+    from conveyor.engine.attention.torch_plan import TorchAttentionPlan
+
+    step = make_random_step(block_size=8, num_kv_heads=3, group=3, head_dim=64,
+                            seqs=[(20, 40), (5, 1)], seed=4)
+    native = NativeAttentionBackend(step.spec)
+    assert native.prefill_path == "native"
+    assert isinstance(native.plan(step.meta).prefill, PrefillRows)
+    monkeypatch.setenv("CONVEYOR_PREFILL_ATTENTION", "torch")
+    via_torch = NativeAttentionBackend(step.spec)
+    assert via_torch.prefill_path == "torch"
+    assert isinstance(via_torch.plan(step.meta).prefill, TorchAttentionPlan)
+    outs = [b.forward(step.query, step.key, step.value, step.kv_cache.clone(),
+                      b.plan(step.meta)) for b in (native, via_torch)]
+    assert (outs[0] - outs[1]).abs().max().item() <= TOLERANCE
+    with pytest.raises(ValueError, match="prefill_path 'sdpa' is not one of"):
+        NativeAttentionBackend(step.spec, prefill_path="sdpa")
+
+
+@needs_kernel
+def test_prefill_kernel_refuses_bad_rows(make_random_step):
+    step = make_random_step(block_size=4, num_kv_heads=1, group=2, head_dim=32,
+                            seqs=[(3, 5), (0, 2)])
+    kernel = create_backend("native", step.spec)._kernel
+    out = torch.empty_like(step.query)
+    meta = step.meta
+    lens, tables = meta.seq_lens, meta.block_tables
+
+    def call(tables=tables, lens=lens, starts=(0, 5), qlens=(5, 2), query=step.query):
+        kernel.paged_prefill_attention(out, query, step.kv_cache, tables, lens,
+                                       torch.tensor(starts), torch.tensor(qlens), 1.0, 0)
+
+    call()  # the rows as they are pass
+    bad_block = tables.clone()
+    bad_block[1, 0] = -1
+    with pytest.raises(RuntimeError, match=r"block_tables\[1, 0\] = -1 is not a block"):
+        call(tables=bad_block)
+    with pytest.raises(RuntimeError, match="request 1: query_len 3 and seq_len 2 must satisfy"):
+        call(qlens=(5, 3))
+    with pytest.raises(RuntimeError, match="request 1: tokens 6..8 are outside the query's 7"):
+        call(starts=(0, 6))
+    with pytest.raises(RuntimeError, match="seq_lens, query_starts and query_lens must be"):
+        call(lens=lens.int())
+    with pytest.raises(RuntimeError, match="query must be a contiguous float32"):
+        call(query=step.query.transpose(0, 1).contiguous().transpose(0, 1))
 
 
 @needs_kernel
@@ -305,6 +377,25 @@ def test_the_kernel_releases_the_gil(make_random_step, wakeups_during):
             backend._kernel.paged_decode_attention(out, query, step.kv_cache, plan.block_tables,
                                                    plan.seq_lens, step.spec.scale, 0, 0)
 
+    assert_other_threads_run(wakeups_during, kernel_calls)
+
+
+def assert_other_threads_run(wakeups_during, kernel_calls) -> None:
     during, elapsed = wakeups_during(kernel_calls)
     assert elapsed > 0.003, "the kernel ran too briefly to tell"
     assert during >= 3, f"{during} wake-ups in {elapsed * 1e3:.1f} ms of kernel calls"
+
+
+@needs_kernel
+def test_the_prefill_kernel_releases_the_gil(make_random_step, wakeups_during):
+    """The engine's asyncio/gRPC thread runs while a prefill chunk's attention does."""
+    step = make_random_step(block_size=16, num_kv_heads=3, group=3, head_dim=64,
+                            seqs=[(256, 512)])
+    backend = NativeAttentionBackend(step.spec)
+    plan = backend.plan(step.meta)
+
+    def kernel_calls():
+        for _ in range(5):
+            backend._prefill(step.query, step.kv_cache, plan.prefill)
+
+    assert_other_threads_run(wakeups_during, kernel_calls)

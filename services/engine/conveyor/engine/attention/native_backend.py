@@ -1,13 +1,17 @@
-"""Backend `native` (CPU): decode tokens through a C++ kernel that reads the paged pool
-in place; prefill chunks through the torch backend's gather + SDPA.
+"""Backend `native` (CPU): decode tokens and prefill chunks through C++ kernels that read
+the paged pool in place.
 
-The kernel (native/csrc/paged_decode_attention.cpp) walks each decode request's block
+The decode kernel (native/csrc/paged_decode_attention.cpp) walks each decode request's block
 table straight from the pool with an online softmax, parallel over (kv head, request):
 no context is copied into a workspace. On AVX-512 the requests of a thread whose tables
 hold the same block at a column (a cached prefix) take it in one pass for all their query
-heads (the cascade); on AVX2 they read it back to back while it is in cache. It takes fp32
-pools and head sizes of native_kernel.HEAD_DIMS; the constructor refuses anything else,
-naming the setting.
+heads (the cascade); on AVX2 they read it back to back while it is in cache.
+The prefill kernel (native/csrc/paged_prefill_attention.cpp) is flash attention over the
+same pool: tiles of 16 query positions times a kv head's query heads, causal over the
+request's whole context (a cached prefix and earlier chunks read in place, not gathered).
+Both take fp32 pools and head sizes of native_kernel.HEAD_DIMS; the constructor refuses
+anything else, naming the setting. CONVEYOR_PREFILL_ATTENTION=torch sends prefill chunks
+through the torch backend's gather + SDPA instead (A/B).
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ import torch
 
 from conveyor.engine.attention.backend import AttentionSpec
 from conveyor.engine.attention.metadata import AttentionMetadata
-from conveyor.engine.attention.native_kernel import HEAD_DIMS, KERNEL_PATHS, load_decode_kernel
+from conveyor.engine.attention.native_kernel import (
+    HEAD_DIMS,
+    KERNEL_PATHS,
+    PREFILL_PATHS,
+    load_decode_kernel,
+    prefill_path_from_env,
+)
 from conveyor.engine.attention.torch_backend import TorchAttentionBackend, store_kv
 from conveyor.engine.attention.torch_plan import TorchAttentionPlan, build_plan
 
@@ -27,8 +37,23 @@ log = logging.getLogger("conveyor.engine.attention")
 
 
 @dataclass(slots=True)
+class PrefillRows:
+    """The step's prefill chunks (requests with more than one new token) for the kernel."""
+
+    block_tables: torch.Tensor
+    """[Rp, W] int32, contiguous."""
+    seq_lens: torch.Tensor
+    """[Rp] int64: context length after this step."""
+    query_starts: torch.Tensor
+    """[Rp] int64: flat index of each chunk's first token."""
+    query_lens: torch.Tensor
+    """[Rp] int64."""
+
+
+@dataclass(slots=True)
 class NativeAttentionPlan:
-    """One step: its slots, the decode rows for the kernel, the rest for torch."""
+    """One step: its slots, the decode rows for the decode kernel, the prefill chunks for
+    the prefill kernel (or torch's plan, CONVEYOR_PREFILL_ATTENTION=torch)."""
 
     slot_mapping: torch.Tensor
     decode_tokens: torch.Tensor | None
@@ -37,27 +62,34 @@ class NativeAttentionPlan:
     """[Nd, W] int32, contiguous: the decode rows' block tables."""
     seq_lens: torch.Tensor
     """[Nd] int64: the decode rows' context lengths."""
-    prefill: TorchAttentionPlan | None
-    """The prefill chunks' torch plan; None in a decode-only step."""
+    prefill: PrefillRows | TorchAttentionPlan | None
+    """The prefill chunks; None in a decode-only step."""
 
 
 class NativeAttentionBackend:
-    """Backend `native`: index_copy_ store, then the C++ decode kernel per layer (and the
-    torch plan's SDPA for prefill chunks in the same step)."""
+    """Backend `native`: index_copy_ store, then per layer the C++ prefill kernel for the
+    step's prefill chunks and the decode kernel for its decode tokens."""
 
     name = "native"
 
-    def __init__(self, spec: AttentionSpec, kernel_path: str = "auto") -> None:
-        """kernel_path: a key of native_kernel.KERNEL_PATHS (auto: the best this CPU runs)."""
+    def __init__(self, spec: AttentionSpec, kernel_path: str = "auto",
+                 prefill_path: str | None = None) -> None:
+        """kernel_path: a key of native_kernel.KERNEL_PATHS (auto: the best this CPU runs);
+        prefill_path: one of PREFILL_PATHS (None: CONVEYOR_PREFILL_ATTENTION, else native)."""
         if spec.head_dim not in HEAD_DIMS:
             raise ValueError(f"attention backend native supports head_dim {HEAD_DIMS}, the "
                              f"model has {spec.head_dim}; set attention_backend torch")
         self.spec = spec
         self._kernel = load_decode_kernel()
         self.use_kernel_path(kernel_path)
+        prefill_path = prefill_path_from_env() if prefill_path is None else prefill_path
+        if prefill_path not in PREFILL_PATHS:
+            raise ValueError(f"prefill_path {prefill_path!r} is not one of {PREFILL_PATHS}")
+        self.prefill_path = prefill_path
         self._torch = TorchAttentionBackend(spec)
         log.info("attention backend native: decode tokens through the C++ kernel %s (%s), "
-                 "prefill chunks through torch SDPA", self._kernel.__file__, self.kernel_path)
+                 "prefill chunks through %s", self._kernel.__file__, self.kernel_path,
+                 "its prefill kernel" if prefill_path == "native" else "torch SDPA")
 
     def use_kernel_path(self, kernel_path: str) -> None:
         """Decode through `kernel_path` from now on (a key of native_kernel.KERNEL_PATHS)."""
@@ -76,12 +108,20 @@ class NativeAttentionBackend:
                                        meta.seq_lens.contiguous(), None)
         query_lens = meta.query_start_loc.diff()
         decode_rows = (query_lens == 1).nonzero().squeeze(1)
+        if self.prefill_path == "torch":
+            prefill = build_plan(meta, self.spec.sliding_window, with_decode=False)
+        else:
+            rows = (query_lens > 1).nonzero().squeeze(1)
+            prefill = PrefillRows(block_tables=meta.block_tables.index_select(0, rows),
+                                  seq_lens=meta.seq_lens.index_select(0, rows),
+                                  query_starts=meta.query_start_loc.index_select(0, rows),
+                                  query_lens=query_lens.index_select(0, rows))
         return NativeAttentionPlan(
             slot_mapping=meta.slot_mapping,
             decode_tokens=meta.query_start_loc.index_select(0, decode_rows),
             block_tables=meta.block_tables.index_select(0, decode_rows),
             seq_lens=meta.seq_lens.index_select(0, decode_rows),
-            prefill=build_plan(meta, self.spec.sliding_window, with_decode=False))
+            prefill=prefill)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, plan: NativeAttentionPlan) -> torch.Tensor:
@@ -91,10 +131,23 @@ class NativeAttentionBackend:
         store_kv(key, value, kv_cache, plan.slot_mapping)
         if plan.prefill is None:
             return self._decode(query, kv_cache, plan)
-        out = self._torch.attend(query, kv_cache, plan.prefill)
+        out = self._prefill(query, kv_cache, plan.prefill)
         if plan.decode_tokens.numel():
             decoded = self._decode(query.index_select(0, plan.decode_tokens), kv_cache, plan)
             out.index_copy_(0, plan.decode_tokens, decoded)
+        return out
+
+    def _prefill(self, query: torch.Tensor, kv_cache: torch.Tensor,
+                 prefill: PrefillRows | TorchAttentionPlan) -> torch.Tensor:
+        """Attention of the prefill chunks' tokens; the other rows are left undefined."""
+        if isinstance(prefill, TorchAttentionPlan):
+            return self._torch.attend(query, kv_cache, prefill)
+        query = query.contiguous()
+        out = torch.empty_like(query)
+        self._kernel.paged_prefill_attention(out, query, kv_cache, prefill.block_tables,
+                                             prefill.seq_lens, prefill.query_starts,
+                                             prefill.query_lens, self.spec.scale,
+                                             self.spec.sliding_window or 0)
         return out
 
     def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor,

@@ -1,10 +1,12 @@
-"""The `native` backend's C++ decode kernel (native/csrc/paged_decode_attention.cpp):
-whether this machine can run it, and loading it (built once, cached; native/loader.py)."""
+"""The `native` backend's C++ kernels (native/csrc/paged_decode_attention.cpp and
+paged_prefill_attention.cpp, one extension): whether this machine can run them, and loading
+them (built once, cached; native/loader.py)."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 from types import ModuleType
 
 import torch
@@ -14,7 +16,7 @@ from conveyor.engine.native import NativeBuildError, load_extension
 log = logging.getLogger("conveyor.engine.attention")
 
 EXTENSION = "conveyor_paged_attention"
-SOURCES = ("paged_decode_attention.cpp",)
+SOURCES = ("paged_decode_attention.cpp", "paged_prefill_attention.cpp")
 HEAD_DIMS = (32, 64, 128)
 """Head sizes the kernel is instantiated for."""
 KERNEL_PATHS = {"auto": 0, "avx2": 1, "avx512-cascade": 2}
@@ -22,6 +24,15 @@ KERNEL_PATHS = {"auto": 0, "avx2": 1, "avx512-cascade": 2}
 (requests sharing a block at a column take it in one pass) where the CPU has AVX-512
 F/DQ/BW/VL, else AVX2; the others force one (the A/B benchmarks, and tests that cover the
 AVX2 path on an AVX-512 machine)."""
+
+PREFILL_PATHS = ("native", "torch")
+"""Where the backend sends prefill chunks: its prefill kernel, or the torch backend's gather +
+SDPA (the A/B switch CONVEYOR_PREFILL_ATTENTION)."""
+
+
+def prefill_path_from_env() -> str:
+    """CONVEYOR_PREFILL_ATTENTION (native when unset)."""
+    return os.environ.get("CONVEYOR_PREFILL_ATTENTION", "native")
 
 
 def load_decode_kernel() -> ModuleType:

@@ -28,39 +28,22 @@
 #include <vector>
 
 #include "cpu_isa.h"
+#include "paged_pool.h"
+#include "softmax_math.h"
 
 namespace {
 
 using conveyor_native::cpu_has_avx512;
+using conveyor_native::Pool;
+using conveyor_native::exp_nonpositive;
+using conveyor_native::hmax;
 using conveyor_native::horizontal_sum;
+using conveyor_native::kExpPoly;
+using conveyor_native::kLn2High;
+using conveyor_native::kLn2Low;
+using conveyor_native::kLog2e;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// e^x for x <= 0 (softmax after the max is subtracted): 2^n * p(r), x = n ln2 + r,
-// |r| <= ln2 / 2, p the degree-7 Taylor polynomial (relative error < 2e-8 before rounding).
-constexpr float kLog2e = 1.44269504f, kLn2High = 0.693145752f, kLn2Low = 1.42860677e-6f;
-constexpr float kExpPoly[] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
-                              1.0f / 6,    0.5f,       1.0f,       1.0f};  // highest first
-
-inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2High), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Low), r);
-  __m256 p = _mm256_set1_ps(kExpPoly[0]);
-  for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
-  const __m256i bits = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
-inline float hmax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
 
 // The four horizontal sums of a, b, c, d as one vector.
 inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -74,14 +57,6 @@ inline __m256 hsum8(const __m256* a) {
   const __m256 hi = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
   return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
 }
-
-struct Pool {
-  const float* keys;
-  const float* values;
-  int64_t block_stride;  // floats per block of one half (block_size * Hkv * D)
-  int64_t token_stride;  // floats per token (Hkv * D)
-  int64_t block_size;
-};
 
 // Softmax state of one (sequence, kv head): G running maxima, sums and outputs.
 struct RowState {
@@ -610,17 +585,9 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
   if (path == kAuto) path = cpu_has_avx512() ? kAvx512Cascade : kAvx2;
   TORCH_CHECK(path == kAvx2 || cpu_has_avx512(), "path ", path, " needs AVX-512 (F, DQ, BW, "
               "VL), which this CPU lacks");
-  TORCH_CHECK(query.dim() == 3 && query.is_contiguous() && query.scalar_type() == at::kFloat,
-              "query must be a contiguous float32 [N, H, D] tensor");
-  TORCH_CHECK(out.sizes() == query.sizes() && out.is_contiguous() &&
-              out.scalar_type() == at::kFloat, "out must be a contiguous float32 like query");
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous() &&
-              kv_cache.scalar_type() == at::kFloat,
-              "kv_cache must be a contiguous float32 [2, blocks, block_size, Hkv, D] tensor");
+  conveyor_native::check_attention_tensors(out, query, kv_cache);
   const int64_t num_seqs = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
   const int64_t num_kv_heads = kv_cache.size(3);
-  TORCH_CHECK(kv_cache.size(4) == head_dim, "kv_cache head_dim differs from the query's");
-  TORCH_CHECK(num_heads % num_kv_heads == 0, "query heads must be a multiple of kv heads");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == num_seqs &&
               block_tables.is_contiguous() && block_tables.scalar_type() == at::kInt,
               "block_tables must be a contiguous int32 [N, W] tensor");
@@ -632,15 +599,9 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
   for (int64_t n = 0; n < num_seqs; ++n) {
     TORCH_CHECK(lens[n] >= 1 && lens[n] <= block_tables.size(1) * block_size,
                 "seq_lens[", n, "] = ", lens[n], " is outside 1..", block_tables.size(1) * block_size);
-    for (int64_t col = 0; col * block_size < lens[n]; ++col) {
-      const int32_t block = tables[n * block_tables.size(1) + col];
-      TORCH_CHECK(block >= 0 && block < kv_cache.size(1), "block_tables[", n, ", ", col, "] = ",
-                  block, " is not a block of the pool (", kv_cache.size(1), " blocks)");
-    }
+    conveyor_native::check_blocks(tables, block_tables.size(1), n, lens[n], kv_cache);
   }
-  const float* base = kv_cache.data_ptr<float>();
-  const int64_t half = kv_cache.stride(0);
-  const Pool pool{base, base + half, kv_cache.stride(1), kv_cache.stride(2), block_size};
+  const Pool pool = conveyor_native::pool_of(kv_cache);
   const Batch batch{query.data_ptr<float>(), out.data_ptr<float>(),
                     tables, lens, block_tables.size(1), num_heads,
                     num_kv_heads, sliding_window, static_cast<float>(scale)};
@@ -652,11 +613,21 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
   }
 }
 
+// paged_prefill_attention.cpp
+void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
+                             torch::Tensor block_tables, torch::Tensor seq_lens,
+                             torch::Tensor query_starts, torch::Tensor query_lens, double scale,
+                             int64_t sliding_window);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
         "Decode attention read in place from the paged KV pool (fp32; path 0 auto, 1 AVX2, "
         "2 AVX-512 with the shared-block cascade)",
         // tensors only inside: the GIL is released while it runs, as ATen's ops do
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "Prefill attention (chunks of query tokens, causal over the request's context) read in "
+        "place from the paged KV pool (fp32, AVX2)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("has_avx512", &cpu_has_avx512, "Whether this CPU runs the AVX-512 paths");
 }
