@@ -22,6 +22,14 @@ def main() -> None:
         for variable, default, description in settings.describe():
             print(f"| `{variable}` | `{default}` | {description} |")
         print()
+    from conveyor.engine.native.switches import SWITCHES
+
+    print("## engine kernel switches\n\nEnvironment only, read at start-up: A/B measurements "
+          "(docs/performance.md) and ruling a kernel out. The first choice is the default.\n\n"
+          "| variable | choices | meaning |\n|---|---|---|")
+    for variable, spec in SWITCHES.items():
+        print(f"| `{variable}` | {', '.join(f'`{c}`' for c in spec.choices)} | {spec.meaning} |")
+    print()
 
 
 if __name__ == "__main__":

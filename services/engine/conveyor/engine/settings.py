@@ -64,8 +64,8 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         "fp32", description="Weights decode steps read (CPU, float32 only): fp32; fp16 "
         "(fbgemm); q8_0 (8-bit blocks); q4_1 (4-bit blocks, the bundled GGUF's own, lm_head "
         "q8_0); q4_1_int8 (q4_1 with activations rounded to int8 per block of 32, llama.cpp's "
-        "scheme: faster, greedy output no longer fp32's). Prefill steps stay fp32; see docs/performance.md, weight "
-        "formats.",
+        "scheme: faster, greedy output no longer fp32's). Prefill steps stay fp32; see "
+        "docs/performance.md, weight formats.",
     )
     attention_backend: str = Field(
         "auto", description="Attention backend: auto (on GPU triton; on CPU in float32 native "

@@ -66,7 +66,8 @@ def test_empty_and_zero_width_inputs() -> None:
     (torch.randn(2, 8), torch.randn(4, 8).half(), None, "weight must be a contiguous"),
     (torch.randn(2, 8), torch.randn(8, 4).t(), None, "weight must be a contiguous"),
     (torch.randn(2, 8), torch.randn(4, 9), None, "x has 8 features but the weight 9"),
-    (torch.randn(2, 8), torch.randn(4, 8), torch.randn(5), "bias must be a contiguous fp32 \\[4\\]"),
+    (torch.randn(2, 8), torch.randn(4, 8), torch.randn(5),
+     "bias must be a contiguous fp32 \\[4\\]"),
 ])
 def test_bad_input_is_refused(x, w, b, message: str) -> None:
     with pytest.raises(RuntimeError, match=message):

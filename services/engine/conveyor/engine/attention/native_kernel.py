@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from types import ModuleType
 
 import torch
 
 from conveyor.engine.native import NativeBuildError, load_extension
+from conveyor.engine.native.switches import switch
 
 log = logging.getLogger("conveyor.engine.attention")
 
@@ -31,8 +31,8 @@ SDPA (the A/B switch CONVEYOR_PREFILL_ATTENTION)."""
 
 
 def prefill_path_from_env() -> str:
-    """CONVEYOR_PREFILL_ATTENTION (native when unset)."""
-    return os.environ.get("CONVEYOR_PREFILL_ATTENTION", "native")
+    """CONVEYOR_PREFILL_ATTENTION (native when unset; native/switches.py)."""
+    return switch("CONVEYOR_PREFILL_ATTENTION")
 
 
 def load_decode_kernel() -> ModuleType:

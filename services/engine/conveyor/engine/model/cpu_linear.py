@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from conveyor.engine.native.switches import switch
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ GEMV_SOURCES = ("fp32_gemv.cpp",)
 GEMV_MAX_ROWS = 4
 """Steps of at most this many rows take the streaming GEMV (bench/linear_kernels.py)."""
 GEMV_ISAS = {"auto": 0, "avx2": 1, "avx512": 2}
-GEMV_ISA = GEMV_ISAS.get(os.environ.get("CONVEYOR_FP32_GEMV", "auto"), 0)
+GEMV_ISA = GEMV_ISAS.get(switch("CONVEYOR_FP32_GEMV"), 0)
 """The GEMV's code path: CONVEYOR_FP32_GEMV=avx2 or avx512 forces one (auto: AVX-512 where
 the CPU has it); CONVEYOR_FP32_GEMV=off keeps the GEMV out (see gemv_ops)."""
 
@@ -54,7 +55,7 @@ def gemv_ops() -> ModuleType | None:
     (CONVEYOR_FP32_GEMV=off) or cannot be built or run here (the reason logged once)."""
     from conveyor.engine.native import NativeBuildError
 
-    if os.environ.get("CONVEYOR_FP32_GEMV") == "off":
+    if switch("CONVEYOR_FP32_GEMV") == "off":
         logger.info("fp32 GEMV switched off (CONVEYOR_FP32_GEMV=off); using oneDNN/MKL")
         return None
     try:

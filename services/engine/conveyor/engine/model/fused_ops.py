@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from types import ModuleType
 
 import torch
+
+from conveyor.engine.native.switches import switch
 
 log = logging.getLogger("conveyor.engine.model")
 
@@ -25,10 +26,11 @@ SOURCES = ("fused_layer_ops.cpp",)
 EXTRA_CFLAGS = ("-ffp-contract=off",)
 """No fused multiply-add contraction: products and sums round as torch's separate ops."""
 SWIGLU_ISAS = {"auto": 0, "avx2": 1, "avx512": 2}
-SWIGLU_ISA = SWIGLU_ISAS.get(os.environ.get("CONVEYOR_SWIGLU", "auto"), 0)
+SWIGLU_NATIVE = switch("CONVEYOR_SWIGLU") != "off"
+"""CONVEYOR_SWIGLU=off keeps the torch ops (native/switches.py)."""
+SWIGLU_ISA = SWIGLU_ISAS.get(switch("CONVEYOR_SWIGLU"), 0)
 """silu_and_mul's code path: CONVEYOR_SWIGLU=avx2 or avx512 forces one (auto: AVX-512 where
-the CPU has it); CONVEYOR_SWIGLU=off keeps the torch ops."""
-SWIGLU_NATIVE = os.environ.get("CONVEYOR_SWIGLU") != "off"
+the CPU has it)."""
 
 
 def load_fused_ops() -> ModuleType:

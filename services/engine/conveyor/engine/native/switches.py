@@ -1,0 +1,44 @@
+"""The engine's kernel switches: environment variables that force a native kernel's code path
+or keep a kernel out, for A/B measurements (docs/performance.md) and for ruling a kernel out
+when a result looks wrong. They are read once, at import; the default is what a deployment
+should run. docs/configuration.md lists them (scripts/settings_table.py)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    choices: tuple[str, ...]
+    """The values it takes; the first is the default."""
+    meaning: str
+
+
+SWITCHES = MappingProxyType({
+    "CONVEYOR_FP32_GEMV": Switch(
+        ("auto", "avx2", "avx512", "off"),
+        "fp32 decode steps of up to 4 rows through the streaming GEMV (native/csrc/"
+        "fp32_gemv.cpp): auto takes AVX-512 where the CPU has it, avx2/avx512 force a path, "
+        "off leaves every step to oneDNN/MKL."),
+    "CONVEYOR_SWIGLU": Switch(
+        ("auto", "avx2", "avx512", "off"),
+        "The MLP's silu(gate) * up in one C++ pass (fused_layer_ops.cpp): auto takes AVX-512 "
+        "where the CPU has it, avx2/avx512 force a path, off keeps torch's silu and mul."),
+    "CONVEYOR_PREFILL_ATTENTION": Switch(
+        ("native", "torch"),
+        "With attention backend native, prefill chunks through its C++ flash kernel reading "
+        "the KV pool in place (native), or through the torch backend's gather + SDPA (torch)."),
+})
+
+
+def switch(name: str) -> str:
+    """The switch's value from the environment (its default when unset); a value it does not
+    take raises ValueError naming the choices."""
+    spec = SWITCHES[name]
+    value = os.environ.get(name, spec.choices[0])
+    if value not in spec.choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(spec.choices)}")
+    return value
