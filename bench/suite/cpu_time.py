@@ -1,7 +1,11 @@
 """CPU seconds a server's processes spend (user + system, from /proc), read around a workload.
 
 A service counts with every live descendant (vLLM's engine core, a worker pool), so the
-figure is what the service costs the machine, whichever process does the work.
+figure is what the service costs the machine, whichever process does the work. The
+machine's busy seconds (/proc/stat) are read too: what neither the server nor the client
+spent went to other processes, which on a machine with as many cores as the server has
+threads makes every step wait on a descheduled thread (a compiler next to the 2-thread
+engine made a mixed run 3x slower).
 """
 
 from __future__ import annotations
@@ -42,6 +46,21 @@ def tree_cpu_s(root: int, stats: dict[int, tuple[int, float]]) -> float:
             total += stats[pid][1]
             todo.extend(children.get(pid, ()))
     return total
+
+
+def machine_busy_s(stat: Path = Path("/proc/stat")) -> float:
+    """CPU seconds all cores have been busy since boot: user + nice + system + irq + softirq +
+    steal (the aggregate "cpu" line; guest time is already inside user)."""
+    fields = stat.read_text().split("\n", 1)[0].split()
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+
+def others_s(cpu_spent: dict[str, float], machine_spent: float) -> float:
+    """CPU seconds of processes outside `cpu_spent` (the server's trees and the client) while
+    the machine was busy for `machine_spent` seconds (never below 0: the two are read a
+    moment apart)."""
+    return max(0.0, machine_spent - sum(cpu_spent.values()))
 
 
 def snapshot(pids: dict[str, int]) -> dict[str, float]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bench.suite.peer_plots import make_peer_plots
 from bench.suite.peer_targets import check_peer_targets
+from bench.suite.scenarios import DISTURBED_CORES, others_cores
 
 LEVERS_HEADING = "## Levers tried (issue 19)"
 
@@ -79,6 +80,12 @@ def _cpu_cell(figures: dict) -> str:
     return ", ".join(f"{k} {v:.2f}" for k, v in per.items())
 
 
+def _busy_cell(figures: dict) -> str:
+    """Server cores busy, and the other processes' cores when they were enough to matter."""
+    others = others_cores(figures)
+    return f"{cores_busy(figures):.2f}" + (f" (others {others:.2f})" if others >= 0.05 else "")
+
+
 def cores_busy(figures: dict) -> float:
     """CPU seconds of the server's processes (the client's left out) over the duration."""
     cpu = figures.get("cpu_s") or {}
@@ -99,7 +106,7 @@ def _scenario_table(peers: dict) -> list[str]:
                 f"{f['request_throughput']:.2f} | {f['p50_ttft_ms']:.0f} / "
                 f"{f['p99_ttft_ms']:.0f} | {f['p50_tpot_ms']:.1f} / {f['p99_tpot_ms']:.1f} | "
                 f"{f['p50_e2el_ms']:.0f} | {f['completed']} ({f['failed']} failed) | "
-                f"{cores_busy(f):.2f} | {_cpu_cell(f)} |")
+                f"{_busy_cell(f)} | {_cpu_cell(f)} |")
     return out
 
 
@@ -111,6 +118,11 @@ def _left_out(peers: dict) -> list[str]:
     out = [f"- {name}: not run: {why}" for name, why in peers.get("notes", {}).items()]
     out += [f"- {name}: failed: {why}" for name, why in peers.get("errors", {}).items()]
     for name, system in peers.get("systems", {}).items():
+        for scenario, f in system.get("scenarios", {}).items():
+            if others_cores(f) > DISTURBED_CORES:
+                out.append(f"- {name}: {scenario} disturbed: other processes kept "
+                           f"{others_cores(f):.2f} cores busy while it ran, so its figures "
+                           "are low; run it again on a quiet machine")
         if system.get("skipped"):
             out.append(f"- {name}: {', '.join(system['skipped'])} skipped (past the "
                        "per-system time budget)")
@@ -132,7 +144,9 @@ def render_peers(peers: dict, doc: Path, img_dir: Path, inproc: dict | None = No
             "CPU s per request: user + system CPU seconds of each process tree over the "
             "measured requests (`client` = the load generator), divided by the requests; "
             "server cores busy: the server processes' CPU seconds over the duration (of "
-            f"{peers['meta']['num_cpus']} cores).", ""]
+            f"{peers['meta']['num_cpus']} cores); (others N): cores the machine's other "
+            "processes kept busy meanwhile, shown from 0.05 (past "
+            f"{DISTURBED_CORES} the scenario is listed as disturbed below the table).", ""]
     out += _scenario_table(peers) + [""]
     out += _left_out(peers)
     levers = levers_rows(performance_md) if performance_md else []

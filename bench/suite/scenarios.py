@@ -29,21 +29,42 @@ def scenario_requests(maker: PromptMaker, profile: PeerProfile, scenario: Scenar
     return seeded.random_requests(num, profile.input_len, profile.output_len)
 
 
+DISTURBED_CORES = 0.15
+"""Other processes' CPU over a scenario's duration, in cores, past which its figures are
+flagged as disturbed (logged, and listed under the report's table). The servers' threads fill
+the cores, so another process's CPU stalls every step on a descheduled thread: a compiler
+alongside the 2-thread engine made an in-process mixed run 3x slower (63 s against 21 s).
+Quiet served runs measure 0.03-0.04 (Redis, daemons). Not run again: a second run on the
+same server would find its prompts in the prefix cache."""
+
+
 def run_scenario(target, requests: list[BenchRequest], scenario: Scenario,
                  duration_s: float | None = None, log=print) -> dict:
-    """Metrics (as a dict) of one scenario, with the CPU seconds each process spent on it."""
+    """Metrics (as a dict) of one scenario, with the CPU seconds each process spent on it and
+    those of the other processes on the machine (`others_cpu_s`)."""
     target.run(requests[:1], 1, num_warmup=0, ignore_eos=scenario.ignore_eos)
     pids = getattr(target, "pids", {})
-    before = cpu_time.snapshot(pids)
+    before, machine_before = cpu_time.snapshot(pids), cpu_time.machine_busy_s()
     metrics, _ = target.run(requests[1:], scenario.concurrency, num_warmup=0,
                             duration_s=duration_s, ignore_eos=scenario.ignore_eos)
     cpu = cpu_time.spent(before, cpu_time.snapshot(pids))
+    others = cpu_time.others_s(cpu, cpu_time.machine_busy_s() - machine_before)
     log(format_metrics(f"{target.name} {scenario.name}", metrics))
-    log("CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
-    return {"scenario": scenario.name, "concurrency": scenario.concurrency,
-            "prefix_len": scenario.prefix_len, "mixed": scenario.mixed,
-            **metrics.as_dict(), "cpu_s": cpu,
-            "cpu_s_per_request": {k: v / max(metrics.completed, 1) for k, v in cpu.items()}}
+    log("CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+        + f"; other processes {others:.1f}")
+    figures = {"scenario": scenario.name, "concurrency": scenario.concurrency,
+               "prefix_len": scenario.prefix_len, "mixed": scenario.mixed,
+               **metrics.as_dict(), "cpu_s": cpu, "others_cpu_s": others,
+               "cpu_s_per_request": {k: v / max(metrics.completed, 1) for k, v in cpu.items()}}
+    if others_cores(figures) > DISTURBED_CORES:
+        log(f"{target.name} {scenario.name}: DISTURBED: other processes kept "
+            f"{others_cores(figures):.2f} cores busy; its figures are low")
+    return figures
+
+
+def others_cores(figures: dict) -> float:
+    """Cores the machine's other processes kept busy during the scenario, on average."""
+    return figures.get("others_cpu_s", 0.0) / max(figures["duration_s"], 1e-9)
 
 
 def run_system(target, maker: PromptMaker, profile: PeerProfile, names: tuple[str, ...],

@@ -167,6 +167,52 @@ def test_run_system_runs_named_scenarios_each_after_a_warmup(maker):
     assert set(c1["cpu_s"]) == {"client"}
 
 
+def burn_cpu_in_another_process(seconds: float) -> None:
+    """A process outside the target's trees and the client, busy for `seconds` of CPU."""
+    subprocess.run([sys.executable, "-c", "import time\n"
+                    f"while time.process_time() < {seconds}: pass"], check=True)
+
+
+class DisturbedTarget(FakeTarget):
+    """FakeTarget whose measured run of a mixed scenario has a busy process alongside."""
+
+    def __init__(self):
+        super().__init__()
+        self.disturbed = False
+
+    def run(self, requests, concurrency, num_warmup=1, duration_s=None, ignore_eos=True):
+        if not ignore_eos and len(requests) > 1 and not self.disturbed:
+            self.disturbed = True
+            burn_cpu_in_another_process(0.5)
+        return super().run(requests, concurrency, num_warmup, duration_s, ignore_eos)
+
+
+def test_machine_busy_counts_other_processes():
+    before = cpu_time.machine_busy_s()
+    burn_cpu_in_another_process(0.3)
+    spent = cpu_time.machine_busy_s() - before
+    assert spent >= 0.25
+    assert cpu_time.others_s({"client": 0.05}, spent) >= 0.2
+    assert cpu_time.others_s({"engine": 5.0}, spent) == 0.0
+
+
+def test_a_scenario_other_processes_disturbed_is_flagged_in_the_log_and_the_report(
+        maker, tmp_path):
+    target, lines = DisturbedTarget(), []
+    out = run_system(target, maker, PEERS_QUICK, ("c1", "mixed"), log=lines.append)
+    mixed, c1 = out["scenarios"]["mixed"], out["scenarios"]["c1"]
+    assert mixed["others_cpu_s"] >= 0.3  # 0.5 CPU s in another process during the run
+    assert c1["others_cpu_s"] < 0.15 * c1["duration_s"]
+    disturbed = [line for line in lines if "DISTURBED" in line]
+    assert len(disturbed) == 1 and disturbed[0].startswith("fake mixed: DISTURBED")
+    report = "\n".join(render_peers(
+        {**peers_results(), "systems": {"conveyor": {
+            "label": "x", "weights": "float32", "skipped": [], "scenarios": out["scenarios"]}}},
+        tmp_path / "doc.md", tmp_path / "img"))
+    assert "(others " in report and "- conveyor: mixed disturbed: other processes" in report
+    assert "conveyor: c1 disturbed" not in report
+
+
 def test_comparison_notes_missing_systems_and_keeps_going_after_a_failure(maker):
     import contextlib
 
