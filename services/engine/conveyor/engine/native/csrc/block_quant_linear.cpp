@@ -119,7 +119,6 @@ void output_rows(const float* x, const float* xsum, float* y, int64_t M, int64_t
 
 // ---- AVX-512 -------------------------------------------------------------------------
 
-#define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
 
 constexpr int kTile512 = 4;     // rows of x per pass over a weight row
 // blocks unrolled, the same for every tile size, so that a row's sum does not depend on the
@@ -133,7 +132,7 @@ struct Block512 {
   __m512 lo, hi;
 };
 
-AVX512 inline Block512 weights_q4_1_512(const uint8_t* qs, float d, float m) {
+CONVEYOR_AVX512 inline Block512 weights_q4_1_512(const uint8_t* qs, float d, float m) {
   const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
   const __m512 vd = _mm512_set1_ps(d), vm = _mm512_set1_ps(m);
   const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0F)));
@@ -141,7 +140,7 @@ AVX512 inline Block512 weights_q4_1_512(const uint8_t* qs, float d, float m) {
   return {_mm512_fmadd_ps(lo, vd, vm), _mm512_fmadd_ps(hi, vd, vm)};
 }
 
-AVX512 inline Block512 weights_q8_0_512(const int8_t* qs, float d) {
+CONVEYOR_AVX512 inline Block512 weights_q8_0_512(const int8_t* qs, float d) {
   const auto* p = reinterpret_cast<const __m128i*>(qs);
   const __m512 vd = _mm512_set1_ps(d);
   return {_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p))), vd),
@@ -149,7 +148,7 @@ AVX512 inline Block512 weights_q8_0_512(const int8_t* qs, float d) {
 }
 
 // count (<= kChunk) fp16 values to fp32; out has room for a whole last vector.
-AVX512 inline void halves_to_floats(const uint16_t* in, float* out, int64_t count) {
+CONVEYOR_AVX512 inline void halves_to_floats(const uint16_t* in, float* out, int64_t count) {
   for (int64_t i = 0; i < count; i += 16) {
     const __mmask16 lanes = count - i >= 16 ? 0xFFFF : (1u << (count - i)) - 1;
     _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, in + i)));
@@ -159,7 +158,7 @@ AVX512 inline void halves_to_floats(const uint16_t* in, float* out, int64_t coun
 // Rows [0, R) of x (row stride K) against one weight row; U blocks unrolled, each (row,
 // half block, unrolled block) with its own accumulator. Writes y[r * N] for each row r.
 template <int R, int U, bool kQ4>
-AVX512 void output_row_512(const float* x, float* y, int64_t K, int64_t N, const uint8_t* qs_row,
+CONVEYOR_AVX512 void output_row_512(const float* x, float* y, int64_t K, int64_t N, const uint8_t* qs_row,
                            const uint16_t* d_row, const uint16_t* m_row) {
   constexpr int64_t kBytes = kQ4 ? kBlock / 2 : kBlock;
   const int64_t num_blocks = K / kBlock;
@@ -167,7 +166,7 @@ AVX512 void output_row_512(const float* x, float* y, int64_t K, int64_t N, const
   for (int r = 0; r < R; ++r)
     for (int a = 0; a < 2 * U; ++a) acc[r][a] = _mm512_setzero_ps();
   alignas(64) float d[kChunk + 16], m[kChunk + 16];
-  auto block = [&](int64_t blk, int64_t c0, int u) AVX512 {
+  auto block = [&](int64_t blk, int64_t c0, int u) CONVEYOR_AVX512 {
     const Block512 w =
         kQ4 ? weights_q4_1_512(qs_row + blk * kBytes, d[blk - c0], m[blk - c0])
             : weights_q8_0_512(reinterpret_cast<const int8_t*>(qs_row) + blk * kBytes, d[blk - c0]);
@@ -194,10 +193,10 @@ AVX512 void output_row_512(const float* x, float* y, int64_t K, int64_t N, const
 }
 
 template <bool kQ4>
-AVX512 void output_rows_512(const float* x, float* y, int64_t M, int64_t K, int64_t N,
+CONVEYOR_AVX512 void output_rows_512(const float* x, float* y, int64_t M, int64_t K, int64_t N,
                             const uint8_t* qs_row, const uint16_t* d_row, const uint16_t* m_row) {
   int64_t r0 = 0;
-  auto rows = [&](auto R) AVX512 {
+  auto rows = [&](auto R) CONVEYOR_AVX512 {
     output_row_512<decltype(R)::value, kUnroll512, kQ4>(x + r0 * K, y + r0 * N, K, N, qs_row,
                                                         d_row, m_row);
   };

@@ -10,6 +10,10 @@
 #include <cstdint>
 #include <string>
 
+// The target attribute of the kernels' AVX-512 functions (and of what they inline).
+#define CONVEYOR_AVX512 \
+  __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+
 namespace conveyor_native {
 
 // The `isa` argument of the kernels: the widest path this CPU runs, or one forced (A/B, tests).

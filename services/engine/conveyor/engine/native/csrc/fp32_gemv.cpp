@@ -49,12 +49,11 @@ constexpr _mm_hint kHint = _MM_HINT_T1;  // into L2: measured quicker than L1 (T
 constexpr int kMaxR512 = 4;
 constexpr int kMaxR256 = 2;
 
-#define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")))
 
 // ---- AVX-512 -------------------------------------------------------------------------
 
 template <int NT, int R>
-AVX512 inline void tile_512(const float* w, int64_t K, const float* x, int64_t M, float* y,
+CONVEYOR_AVX512 inline void tile_512(const float* w, int64_t K, const float* x, int64_t M, float* y,
                             int64_t N, const float* bias) {
   const char* ahead = reinterpret_cast<const char*>(w) + kPrefetch +
                       kPrefetchTiles * NT * K * static_cast<int64_t>(sizeof(float));
@@ -89,7 +88,7 @@ AVX512 inline void tile_512(const float* w, int64_t K, const float* x, int64_t M
 // One weight row against one x row (the single-stream decode case): four accumulators, so
 // the loop is not held to one FMA latency per 64 bytes.
 template <>
-AVX512 inline void tile_512<1, 1>(const float* w, int64_t K, const float* x, int64_t M, float* y,
+CONVEYOR_AVX512 inline void tile_512<1, 1>(const float* w, int64_t K, const float* x, int64_t M, float* y,
                                   int64_t N, const float* bias) {
   const char* ahead = reinterpret_cast<const char*>(w) + kPrefetch;
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -113,7 +112,7 @@ AVX512 inline void tile_512<1, 1>(const float* w, int64_t K, const float* x, int
 }
 
 template <int NT>
-AVX512 inline void rows_512(const float* w, int64_t K, const float* x, int64_t M, float* y,
+CONVEYOR_AVX512 inline void rows_512(const float* w, int64_t K, const float* x, int64_t M, float* y,
                             int64_t N, const float* bias) {
   int64_t r = 0;
   for (; r + kMaxR512 <= M; r += kMaxR512)
@@ -126,7 +125,7 @@ AVX512 inline void rows_512(const float* w, int64_t K, const float* x, int64_t M
   }
 }
 
-AVX512 void columns_512(const float* w, int64_t K, const float* x, int64_t M, float* y,
+CONVEYOR_AVX512 void columns_512(const float* w, int64_t K, const float* x, int64_t M, float* y,
                         int64_t N, const float* bias, int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + kTileN <= n1; n += kTileN)

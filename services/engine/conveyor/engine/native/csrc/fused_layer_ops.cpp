@@ -145,7 +145,6 @@ constexpr float kP0 = 1.9875691500E-4f, kP1 = 1.3981999507E-3f, kP2 = 8.33345190
 
 float silu_mul_scalar(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
 
-#define AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")))
 #define AVX2 __attribute__((target("avx2,fma")))
 
 AVX2 inline __m256 exp_256(__m256 x) {
@@ -177,7 +176,7 @@ AVX2 void silu_mul_row_256(const float* g, const float* u, float* out, int64_t n
   for (; i < n; ++i) out[i] = silu_mul_scalar(g[i], u[i]);
 }
 
-AVX512 inline __m512 exp_512(__m512 x) {
+CONVEYOR_AVX512 inline __m512 exp_512(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLo)), _mm512_set1_ps(kExpHi));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -193,7 +192,7 @@ AVX512 inline __m512 exp_512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-AVX512 void silu_mul_row_512(const float* g, const float* u, float* out, int64_t n) {
+CONVEYOR_AVX512 void silu_mul_row_512(const float* g, const float* u, float* out, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {

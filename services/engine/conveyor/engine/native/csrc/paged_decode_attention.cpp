@@ -230,7 +230,6 @@ void attend_items(const Pool& pool, const Batch& batch, int64_t begin, int64_t e
 // ---------------------------------------------------------------------------------------------
 // The cascade (AVX-512).
 
-#define CONVEYOR_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
 
 // e^x for x <= 0, as exp_nonpositive (same reduction and polynomial), 16 lanes.
 CONVEYOR_AVX512 inline __m512 exp_nonpositive512(__m512 x) {
