@@ -161,7 +161,7 @@ def test_prefill_kernel_refuses_bad_rows(make_random_step):
         call(starts=(0, 6))
     with pytest.raises(RuntimeError, match="seq_lens, query_starts and query_lens must be"):
         call(lens=lens.int())
-    with pytest.raises(RuntimeError, match="query must be a contiguous float32"):
+    with pytest.raises(RuntimeError, match="query must be a float32 .* with contiguous heads"):
         call(query=step.query.transpose(0, 1).contiguous().transpose(0, 1))
 
 
@@ -399,3 +399,36 @@ def test_the_prefill_kernel_releases_the_gil(make_random_step, wakeups_during):
             backend._prefill(step.query, step.kv_cache, plan.prefill)
 
     assert_other_threads_run(wakeups_during, kernel_calls)
+
+
+@needs_kernel
+@pytest.mark.parametrize("num_kv_heads", [3, 1])
+def test_queries_keys_and_values_are_read_where_the_projection_wrote_them(make_random_step,
+                                                                         num_kv_heads):
+    """q, k and v as the model passes them (views of one [T, (H + 2 Hkv) * D] projection, rows
+    strided): stored by the backend's C++ store and attended without a copy, as torch does with
+    contiguous copies; the C++ store writes exactly what torch's index_copy_ store writes."""
+    from conveyor.engine.attention.torch_backend import store_kv
+
+    step = make_random_step(block_size=8, num_kv_heads=num_kv_heads, group=3, head_dim=64,
+                            seqs=[(20, 40), (5, 1), (0, 17)], seed=9)
+    heads = step.spec.num_heads + 2 * num_kv_heads
+    qkv = torch.randn(step.query.shape[0], heads, 64)
+    query, key, value = qkv.split([step.spec.num_heads, num_kv_heads, num_kv_heads], dim=1)
+    assert not query.is_contiguous() and not key.is_contiguous()
+    native = NativeAttentionBackend(step.spec)
+    reference = create_backend("torch", step.spec)
+    native_pool, torch_pool = step.kv_cache.clone(), step.kv_cache.clone()
+    out = native.forward(query, key, value, native_pool, native.plan(step.meta))
+    expected = reference.forward(query.contiguous(), key.contiguous(), value.contiguous(),
+                                 torch_pool, reference.plan(step.meta))
+    assert torch.equal(native_pool, torch_pool)
+    assert (out - expected).abs().max().item() <= TOLERANCE
+    pool = step.kv_cache.clone()
+    store_kv(key.contiguous(), value.contiguous(), pool, step.meta.slot_mapping)
+    padded = torch.cat([step.meta.slot_mapping[:-1], torch.tensor([-1])])  # a padding slot
+    native._kernel.store_kv(native_pool, key, value, padded)  # rewrites the same rows but one
+    assert torch.equal(native_pool, pool)
+    with pytest.raises(RuntimeError, match=r"slot_mapping\[0\] = .* is past the pool's"):
+        native._kernel.store_kv(native_pool, key, value,
+                                torch.full_like(padded, native_pool[0].numel()))

@@ -30,7 +30,7 @@ from conveyor.engine.attention.native_kernel import (
     load_decode_kernel,
     prefill_path_from_env,
 )
-from conveyor.engine.attention.torch_backend import TorchAttentionBackend, store_kv
+from conveyor.engine.attention.torch_backend import TorchAttentionBackend
 from conveyor.engine.attention.torch_plan import TorchAttentionPlan, build_plan
 
 log = logging.getLogger("conveyor.engine.attention")
@@ -67,8 +67,9 @@ class NativeAttentionPlan:
 
 
 class NativeAttentionBackend:
-    """Backend `native`: index_copy_ store, then per layer the C++ prefill kernel for the
-    step's prefill chunks and the decode kernel for its decode tokens."""
+    """Backend `native`: per layer, the new K/V rows stored into the pool by one C++ call,
+    then the C++ prefill kernel for the step's prefill chunks and the decode kernel for its
+    decode tokens (queries read where the qkv projection wrote them, no copy)."""
 
     name = "native"
 
@@ -128,7 +129,8 @@ class NativeAttentionBackend:
         if kv_cache.dtype != torch.float32:
             raise ValueError(f"attention backend native needs a float32 KV pool, got "
                              f"{kv_cache.dtype}; set dtype float32 or attention_backend torch")
-        store_kv(key, value, kv_cache, plan.slot_mapping)
+        self._kernel.store_kv(kv_cache, _heads_contiguous(key), _heads_contiguous(value),
+                              plan.slot_mapping)
         if plan.prefill is None:
             return self._decode(query, kv_cache, plan)
         out = self._prefill(query, kv_cache, plan.prefill)
@@ -142,8 +144,8 @@ class NativeAttentionBackend:
         """Attention of the prefill chunks' tokens; the other rows are left undefined."""
         if isinstance(prefill, TorchAttentionPlan):
             return self._torch.attend(query, kv_cache, prefill)
-        query = query.contiguous()
-        out = torch.empty_like(query)
+        query = _heads_contiguous(query)
+        out = torch.empty(query.shape, dtype=query.dtype)
         self._kernel.paged_prefill_attention(out, query, kv_cache, prefill.block_tables,
                                              prefill.seq_lens, prefill.query_starts,
                                              prefill.query_lens, self.spec.scale,
@@ -152,9 +154,17 @@ class NativeAttentionBackend:
 
     def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor,
                 plan: NativeAttentionPlan) -> torch.Tensor:
-        query = query.contiguous()
-        out = torch.empty_like(query)
+        query = _heads_contiguous(query)
+        out = torch.empty(query.shape, dtype=query.dtype)
         self._kernel.paged_decode_attention(out, query, kv_cache, plan.block_tables,
                                             plan.seq_lens, self.spec.scale,
                                             self.spec.sliding_window or 0, self._path)
         return out
+
+
+def _heads_contiguous(rows: torch.Tensor) -> torch.Tensor:
+    """rows [T, H, D] as the kernels take them: each row's heads contiguous, the rows may be
+    strided (the q, k and v views of the qkv projection's output pass as they are)."""
+    if rows.stride(2) == 1 and (rows.shape[1] == 1 or rows.stride(1) == rows.shape[2]):
+        return rows
+    return rows.contiguous()

@@ -168,12 +168,13 @@ inline void prefetch_block(const Pool& pool, int64_t offset, int64_t t0, int64_t
 }
 
 struct Batch {
-  const float* query;        // [N, H, D]
+  const float* query;        // [N, H, D], rows query_stride floats apart
   float* out;                // [N, H, D]
   const int32_t* tables;     // [N, W]
   const int64_t* seq_lens;   // [N]
   int64_t table_width, num_heads, num_kv_heads, sliding_window;
   float scale;
+  int64_t query_stride;
 };
 
 // Work items begin..end, item = request * Hkv + kv head, walked block column by block
@@ -189,7 +190,7 @@ void attend_items(const Pool& pool, const Batch& batch, int64_t begin, int64_t e
   for (int64_t i = 0; i < n; ++i) {
     const int64_t b = (begin + i) / Hkv, h = (begin + i) % Hkv;
     max_blocks = std::max(max_blocks, (batch.seq_lens[b] + bs - 1) / bs);
-    const float* src = batch.query + (b * batch.num_heads + h * G) * D;
+    const float* src = batch.query + b * batch.query_stride + h * G * D;
     for (int64_t j = 0; j < G * D; ++j) q[i * G * D + j] = src[j] * batch.scale;
   }
   // Where item i's block at column col is, and its tokens t0..t1 (false: none to read).
@@ -499,7 +500,7 @@ CONVEYOR_AVX512 void attend_items_cascade(const Pool& pool, const Batch& batch, 
   for (int64_t i = 0; i < n; ++i) {
     const int64_t b = (begin + i) / Hkv, h = (begin + i) % Hkv;
     max_blocks = std::max(max_blocks, (batch.seq_lens[b] + bs - 1) / bs);
-    const float* src = batch.query + (b * batch.num_heads + h * G) * D;
+    const float* src = batch.query + b * batch.query_stride + h * G * D;
     for (int64_t j = 0; j < G * D; ++j) q[i * G * D + j] = src[j] * batch.scale;
   }
   for (int64_t col = 0; col < max_blocks; ++col) {
@@ -603,7 +604,8 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
   const Pool pool = conveyor_native::pool_of(kv_cache);
   const Batch batch{query.data_ptr<float>(), out.data_ptr<float>(),
                     tables, lens, block_tables.size(1), num_heads,
-                    num_kv_heads, sliding_window, static_cast<float>(scale)};
+                    num_kv_heads, sliding_window, static_cast<float>(scale),
+                    conveyor_native::row_stride(query)};
   switch (head_dim) {
     case 32: return attend<32>(pool, batch, num_seqs, path);
     case 64: return attend<64>(pool, batch, num_seqs, path);
@@ -627,6 +629,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "Prefill attention (chunks of query tokens, causal over the request's context) read in "
         "place from the paged KV pool (fp32, AVX2)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("store_kv", &conveyor_native::store_kv,
+        "Write key and value rows [T, Hkv, D] into the paged pool at slot_mapping (fp32)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("has_avx512", &cpu_has_avx512, "Whether this CPU runs the AVX-512 paths");
 }

@@ -40,7 +40,7 @@ constexpr int kKeyChunk = 16;  // keys per softmax step (32 measured slower, 16 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Batch {
-  const float* query;           // [T, H, D]
+  const float* query;           // [T, H, D], rows query_stride floats apart
   float* out;                   // [T, H, D]
   const int32_t* tables;        // [R, W]
   const int64_t* seq_lens;      // [R] context after this step
@@ -48,6 +48,7 @@ struct Batch {
   const int64_t* query_lens;    // [R]
   int64_t table_width, num_heads, num_kv_heads, sliding_window;
   float scale;
+  int64_t query_stride;
 };
 
 struct Item {
@@ -275,7 +276,8 @@ void attend_item(const Pool& pool, const Batch& batch, const Item& it, Scratch& 
     const int64_t i = std::min(j, rows - 1) / G;  // padding rows: the last row's position
     sc.pos[j] = static_cast<int32_t>(tile.first_pos + i);
     if (j >= rows) continue;
-    const float* q = batch.query + ((qstart + it.first + i) * H + it.head * G + j % G) * D;
+    const float* q = batch.query + (qstart + it.first + i) * batch.query_stride +
+                     (it.head * G + j % G) * D;
     for (int d = 0; d < D; ++d) sc.qt[d * rp + j] = q[d] * batch.scale;
   }
   sc.st.resize(kKeyChunk * rp);
@@ -372,7 +374,8 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
   }
   const Pool pool = conveyor_native::pool_of(kv_cache);
   const Batch batch{query.data_ptr<float>(), out.data_ptr<float>(), tables, lens, starts, qlens,
-                    width, num_heads, num_kv_heads, sliding_window, static_cast<float>(scale)};
+                    width, num_heads, num_kv_heads, sliding_window, static_cast<float>(scale),
+                    conveyor_native::row_stride(query)};
   switch (head_dim) {
     case 32: return attend<32>(pool, batch, num_requests);
     case 64: return attend<64>(pool, batch, num_requests);
