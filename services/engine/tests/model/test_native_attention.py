@@ -424,11 +424,13 @@ def test_queries_keys_and_values_are_read_where_the_projection_wrote_them(make_r
                                  torch_pool, reference.plan(step.meta))
     assert torch.equal(native_pool, torch_pool)
     assert (out - expected).abs().max().item() <= TOLERANCE
-    pool = step.kv_cache.clone()
-    store_kv(key.contiguous(), value.contiguous(), pool, step.meta.slot_mapping)
+    expected_pool = step.kv_cache.clone()  # every row but the last stored, as torch does
+    store_kv(key[:-1].contiguous(), value[:-1].contiguous(), expected_pool,
+             step.meta.slot_mapping[:-1])
     padded = torch.cat([step.meta.slot_mapping[:-1], torch.tensor([-1])])  # a padding slot
-    native._kernel.store_kv(native_pool, key, value, padded)  # rewrites the same rows but one
-    assert torch.equal(native_pool, pool)
+    padded_pool = step.kv_cache.clone()
+    native._kernel.store_kv(padded_pool, key, value, padded)
+    assert torch.equal(padded_pool, expected_pool)  # the padding row written nowhere
     with pytest.raises(RuntimeError, match=r"slot_mapping\[0\] = .* is past the pool's"):
         native._kernel.store_kv(native_pool, key, value,
                                 torch.full_like(padded, native_pool[0].numel()))

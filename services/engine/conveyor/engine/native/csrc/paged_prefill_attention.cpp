@@ -137,10 +137,10 @@ void chunk_scores(const Scratch& sc, int64_t rp, const float* const* k, float* s
 }
 
 // Scores of keys at positions k0 + t that a row may not see become -inf: after the row's
-// position (causal), at or before its position - window, or past the keys read.
+// position (causal; the repeated tokens past the keys read are after every row's), or at or
+// before its position - window.
 template <int KC>
-void mask_chunk(const Scratch& sc, int64_t rp, int64_t k0, int64_t key_end, int64_t window,
-                float* st) {
+void mask_chunk(const Scratch& sc, int64_t rp, int64_t k0, int64_t window, float* st) {
   const __m256 neg_inf = _mm256_set1_ps(kNegInf);
   for (int t = 0; t < KC; ++t) {
     const int64_t kpos = k0 + t;
@@ -151,7 +151,6 @@ void mask_chunk(const Scratch& sc, int64_t rp, int64_t k0, int64_t key_end, int6
       if (window > 0)  // kpos <= pos - window
         hidden = _mm256_or_si256(hidden, _mm256_cmpgt_epi32(
             _mm256_sub_epi32(pos, _mm256_set1_epi32(static_cast<int32_t>(window - 1))), key));
-      if (kpos >= key_end) hidden = _mm256_set1_epi32(-1);
       float* s = st + t * rp + l;
       _mm256_storeu_ps(s, _mm256_blendv_ps(_mm256_loadu_ps(s), neg_inf,
                                            _mm256_castsi256_ps(hidden)));
@@ -223,7 +222,6 @@ void chunk_values(Scratch& sc, int64_t rows, int64_t rp, const float* const* v, 
   }
 }
 
-template <int D>
 Tile tile_of(const Batch& batch, const Item& it) {
   const int64_t G = batch.num_heads / batch.num_kv_heads;
   const int64_t context_start = batch.seq_lens[it.request] - batch.query_lens[it.request];
@@ -259,7 +257,7 @@ void attend_chunk(const Pool& pool, const Batch& batch, const Item& it, const Ti
   const bool causal_edge = k0 + KC > tile.first_pos + 1;
   const bool window_edge = batch.sliding_window > 0 && k0 <= tile.last_pos - batch.sliding_window;
   if (causal_edge || window_edge)
-    mask_chunk<KC>(sc, tile.rp, k0, tile.key_end, batch.sliding_window, sc.st.data());
+    mask_chunk<KC>(sc, tile.rp, k0, batch.sliding_window, sc.st.data());
   softmax_chunk<KC>(sc, tile.rp, sc.st.data());
   chunk_values<D>(sc, tile.rows, tile.rp, v, nt);
 }
@@ -267,7 +265,7 @@ void attend_chunk(const Pool& pool, const Batch& batch, const Item& it, const Ti
 template <int D>
 void attend_item(const Pool& pool, const Batch& batch, const Item& it, Scratch& sc) {
   const int64_t G = batch.num_heads / batch.num_kv_heads, H = batch.num_heads;
-  const Tile tile = tile_of<D>(batch, it);
+  const Tile tile = tile_of(batch, it);
   const int64_t rows = tile.rows, rp = tile.rp;
   const int64_t qstart = batch.query_starts[it.request];
   sc.qt.assign(D * rp, 0.0f);
