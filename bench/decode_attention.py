@@ -4,7 +4,7 @@ C++ kernel reading the pool in place) on each of its code paths, at SmolLM2-135M
 30 layers' pools.
 
     .venv/bin/python bench/decode_attention.py [--threads 2] [--layers 30] [--repeats 7]
-        [--paths avx2 avx512-cascade]
+        [--paths avx2 avx512-cascade] [--fp16-pools]
 
 Scenarios: N in {16, 64} x context in {256, 768}, plain (every request its own blocks)
 and shared-prefix (the first 2/3 of the context, 512 of 768 / 160 of 256 tokens, in
@@ -16,6 +16,10 @@ native_kernel.KERNEL_PATHS; the AVX-512 one where the CPU has it), each path's s
 over the first path, the step's distinct K/V bytes over the DRAM read bandwidth measured in
 the same run (the floor for a kernel that reads every distinct byte once), and the max abs
 difference of any native path from torch.
+With --fp16-pools each native path also runs over the same pools rounded to fp16
+(kv_cache_dtype float16), named "<path>/fp16", its speedup over the first path in fp32; the
+fp16 pools' floor (half the bytes) and the fp16 paths' difference from torch over the fp32
+pools (the rounding's cost) are printed after the fp32 ones.
 """
 
 from __future__ import annotations
@@ -64,14 +68,15 @@ def read_bandwidth_gbs(size_mb: int = 1024) -> float:
     return buf.numel() * 4 / best / 1e9
 
 
-def time_steps(backends: dict, meta, pools, query, key, value,
+def time_steps(backends: dict, meta, query, key, value,
                repeats: int) -> dict[str, tuple[float, torch.Tensor]]:
-    """Best-of-`repeats` ms per step of each backend, the backends taking turns step by
-    step (the machine is shared: the minimum of interleaved runs is the robust figure)."""
+    """Best-of-`repeats` ms per step of each backend (name -> (backend, its pools)), the
+    backends taking turns step by step (the machine is shared: the minimum of interleaved
+    runs is the robust figure)."""
     times = {name: [] for name in backends}
     outs = {}
     for repeat in range(repeats + 1):  # the first round warms up (workspace, page faults)
-        for name, backend in backends.items():
+        for name, (backend, pools) in backends.items():
             start = time.perf_counter()
             plan = backend.plan(meta)
             for pool in pools:
@@ -90,16 +95,24 @@ def run_scenario(num_seqs: int, context: int, shared: int, args, bandwidth: floa
     query = torch.randn(num_seqs, HEADS, HEAD_DIM, generator=gen)
     key, value = (torch.randn(num_seqs, KV_HEADS, HEAD_DIM, generator=gen) for _ in range(2))
     spec = AttentionSpec(HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM ** -0.5)
-    backends = {"torch": create_backend("torch", spec)}
-    backends.update({path: NativeAttentionBackend(spec, path) for path in args.paths})
-    timed = time_steps(backends, meta, pools, query, key, value, args.repeats)
+    backends = {"torch": (create_backend("torch", spec), pools)}
+    backends.update({path: (NativeAttentionBackend(spec, path), pools) for path in args.paths})
+    if args.fp16_pools:
+        half = [pool.half() for pool in pools]
+        backends.update({f"{path}/fp16": (NativeAttentionBackend(spec, path), half)
+                         for path in args.paths})
+    timed = time_steps(backends, meta, query, key, value, args.repeats)
     kv_bytes = num_blocks * BLOCK * KV_HEADS * HEAD_DIM * 4 * 2 * args.layers
     torch_out = timed["torch"][1]
+
+    def diff(names):
+        return max((float((timed[n][1] - torch_out).abs().max()) for n in names), default=0.0)
+
+    fp16_names = [name for name in timed if name.endswith("/fp16")]
     return {"num_seqs": num_seqs, "context": context, "shared": shared,
             "ms": {name: round(ms, 2) for name, (ms, _) in timed.items()},
             "floor_ms": round(kv_bytes / bandwidth / 1e6, 2),
-            "max_abs_diff": max(float((timed[path][1] - torch_out).abs().max())
-                                for path in args.paths)}
+            "max_abs_diff": diff(args.paths), "fp16_max_abs_diff": diff(fp16_names)}
 
 
 def main() -> None:
@@ -111,6 +124,8 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 768])
     parser.add_argument("--paths", nargs="+", default=["avx2", "avx512-cascade"],
                         help="native kernel paths to time (native_kernel.KERNEL_PATHS)")
+    parser.add_argument("--fp16-pools", action="store_true",
+                        help="also run each native path over the pools rounded to fp16")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     if not load_decode_kernel().has_avx512():
@@ -120,7 +135,12 @@ def main() -> None:
     print(f"threads {args.threads}, load average {os.getloadavg()[0]:.2f}, "
           f"DRAM read {bandwidth:.1f} GB/s")
     first = args.paths[0]
-    print("  N  ctx shared | torch ms | " + " | ".join(f"{p} ms (x vs {first})" for p in args.paths)
+    if args.fp16_pools:
+        args.paths_timed = [*args.paths, *(f"{p}/fp16" for p in args.paths)]
+    else:
+        args.paths_timed = list(args.paths)
+    print("  N  ctx shared | torch ms | "
+          + " | ".join(f"{p} ms (x vs {first})" for p in args.paths_timed)
           + " | K/V floor ms | max abs diff")
     rows = []
     for num_seqs in args.seqs:
@@ -129,9 +149,12 @@ def main() -> None:
                 row = run_scenario(num_seqs, context, shared, args, bandwidth)
                 rows.append(row)
                 ms = row["ms"]
-                paths = " | ".join(f"{ms[p]:7.2f} ({ms[first] / ms[p]:.2f}x)" for p in args.paths)
+                paths = " | ".join(f"{ms[p]:7.2f} ({ms[first] / ms[p]:.2f}x)"
+                                   for p in args.paths_timed)
+                fp16 = (f" | fp16: floor {row['floor_ms'] / 2:.2f}, diff "
+                        f"{row['fp16_max_abs_diff']:.1e}" if args.fp16_pools else "")
                 print(f"{num_seqs:3d} {context:4d} {shared:6d} | {ms['torch']:8.2f} | {paths} | "
-                      f"{row['floor_ms']:12.2f} | {row['max_abs_diff']:.1e}", flush=True)
+                      f"{row['floor_ms']:12.2f} | {row['max_abs_diff']:.1e}{fp16}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "bandwidth_gbs": bandwidth, "paths": args.paths,

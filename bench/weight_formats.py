@@ -15,7 +15,9 @@ serving runs; per row a quantized layer computes the same at any row count.
 
 A format may name a variant of its block kernels: `q4_1@REV` runs the kernels of commit REV
 (native/csrc/block_quant_linear.cpp built from git, an A/B of a kernel change in one run),
-`q4_1/avx2` forces the AVX2 code path.
+`q4_1/avx2` forces the AVX2 code path. A `+kv16` suffix (`fp32+kv16`) runs the format over
+an fp16 KV pool (CONVEYOR_ENGINE_KV_CACHE_DTYPE=float16): its accuracy columns are then the
+cost of the rounded keys and values (with the format's own).
 
 --rows adds a kernel table: one forward pass's linear layers at each row count, per format
 (this is what DECODE_MAX_ROWS was chosen from).
@@ -65,14 +67,17 @@ KERNEL_SOURCE = "services/engine/conveyor/engine/native/csrc/block_quant_linear.
 
 def build_llm(weight_format: str, threads: int):
     """The offline engine reading `weight_format`, which may name a kernel variant:
-    FORMAT@REV (commit REV's block kernels) or FORMAT/avx2 (the AVX2 code path)."""
+    FORMAT@REV (commit REV's block kernels) or FORMAT/avx2 (the AVX2 code path), and an
+    fp16 KV pool: FORMAT+kv16."""
     from conveyor.engine import LLM
     from conveyor.engine.model.quantized_linear import ISA_AVX2
 
+    weight_format, kv16, _ = weight_format.partition("+kv16")
     base, _, rev = weight_format.partition("@")
     base, _, isa = base.partition("/")
     llm = LLM(weight_format=base, torch_threads=threads, num_kv_blocks=512,
-              max_num_seqs=16, enable_prefix_caching=False)
+              max_num_seqs=16, enable_prefix_caching=False,
+              kv_cache_dtype="float16" if kv16 else "auto")
     kernels = kernels_at(rev) if rev else None
     for layer in quantized_layers(llm):
         if kernels is not None:

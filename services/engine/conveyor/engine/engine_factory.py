@@ -34,9 +34,10 @@ def build_engine_core(settings: EngineSettings) -> EngineCore:
     info = _engine_info(settings, runner)
     scheduler = Scheduler(_scheduler_config(settings, info), info.eos_token_ids)
     log.info("engine %s: %s on %s (%s, %s attention, weights %s), max_model_len %d, "
-             "KV %d tokens", info.engine_id, info.model, runner.config.device, info.dtype,
+             "KV %d tokens in %s", info.engine_id, info.model, runner.config.device, info.dtype,
              info.attention_backend, describe_weight_format(runner.model),
-             info.max_model_len, info.kv_capacity_tokens)
+             info.max_model_len, info.kv_capacity_tokens,
+             str(runner.config.torch_kv_dtype).removeprefix("torch."))
     return EngineCore(scheduler, runner, info)
 
 
@@ -46,7 +47,7 @@ _RUNNER_NAMES = {"kv_cache_space_gib": "kv_cache_gib"}
 
 _ADVICE = re.compile(r"\b(raise|lower|increase|decrease|change) "
                      r"(kv_cache_gib|memory_utilization|max_model_len|dtype|block_size"
-                     r"|weight_format)\b")
+                     r"|weight_format|kv_cache_dtype)\b")
 
 
 def _in_setting_names(message: str) -> str:
@@ -64,6 +65,7 @@ def _runner_config(settings: EngineSettings):
         device=settings.resolved_device(),
         dtype=settings.resolved_dtype(),
         weight_format=settings.resolved_weight_format(),
+        kv_cache_dtype=settings.resolved_kv_cache_dtype(),
         attention_backend=settings.resolved_attention_backend(),
         block_size=settings.block_size,
         max_model_len=settings.max_model_len,

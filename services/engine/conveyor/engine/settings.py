@@ -67,6 +67,11 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         "scheme: faster, greedy output no longer fp32's). Prefill steps stay fp32; see "
         "docs/performance.md, weight formats.",
     )
+    kv_cache_dtype: str = Field(
+        "auto", description="KV pool element type: auto (the model dtype); float16 (CPU: half "
+        "the bytes decode attention reads and twice the blocks in kv_cache_gib; keys and values "
+        "rounded to fp16, so greedy output may differ from fp32's; see docs/performance.md).",
+    )
     attention_backend: str = Field(
         "auto", description="Attention backend: auto (on GPU triton; on CPU in float32 native "
         "when its C++ kernel builds or is cached, else torch), torch, triton, native (CPU, "
@@ -130,6 +135,12 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
 
         _check_choice("weight_format", self.weight_format, WEIGHT_FORMATS)
         return self.weight_format
+
+    def resolved_kv_cache_dtype(self) -> str:
+        from conveyor.engine.worker.runner_config import KV_CACHE_DTYPES
+
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        return self.kv_cache_dtype
 
     def resolved_attention_backend(self) -> str:
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)

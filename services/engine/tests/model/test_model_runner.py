@@ -69,6 +69,34 @@ def test_cpu_sizing_from_gib(smollm2_model):
                                  max_model_len=8192), model=smollm2_model)
 
 
+def test_fp16_kv_pool_holds_twice_the_blocks(smollm2_model):
+    """kv_cache_dtype float16: the pool is fp16 and the same space holds twice the blocks."""
+    sizes = {}
+    for kv_dtype in ("auto", "float16"):
+        runner = ModelRunner(RunnerConfig(model="(preloaded)", kv_cache_space_gib=0.05,
+                                          max_model_len=512, kv_cache_dtype=kv_dtype),
+                             model=smollm2_model)
+        sizes[kv_dtype] = runner.capacity.num_blocks
+        assert runner.kv_caches[0].dtype == (torch.float16 if kv_dtype == "float16"
+                                             else torch.float32)
+    assert sizes["float16"] == int(0.05 * 2**30) // (45 * 512 * 16) > sizes["auto"] * 1.99
+
+
+def test_kv_cache_dtype_refusals():
+    with pytest.raises(ValueError, match="kv_cache_dtype 'int8' is not one of"):
+        RunnerConfig(model="x", kv_cache_dtype="int8").validate()
+    with pytest.raises(ValueError, match="CPU option.*change kv_cache_dtype to auto"):
+        RunnerConfig(model="x", device="cuda", dtype="bfloat16",
+                     kv_cache_dtype="float16").validate()
+    from conveyor.engine.engine_factory import _in_setting_names
+    from conveyor.engine.settings import EngineSettings
+
+    with pytest.raises(ValueError, match="change CONVEYOR_ENGINE_KV_CACHE_DTYPE"):
+        EngineSettings(kv_cache_dtype="fp8").resolved_kv_cache_dtype()
+    assert "change CONVEYOR_ENGINE_KV_CACHE_DTYPE to auto" in _in_setting_names(
+        "... change kv_cache_dtype to auto")
+
+
 def test_bf16_on_cpu_tracks_fp32(smollm2_folder, make_runner, make_driver):
     from conveyor.engine.model.loader import load_model
 

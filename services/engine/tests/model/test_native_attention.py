@@ -56,6 +56,12 @@ def assert_matches_torch(step, path: str) -> None:
     assert diff <= TOLERANCE, diff
 
 
+POOL_DTYPES = (torch.float32, torch.float16)
+"""The pools the kernels read: fp32, and fp16 (kv_cache_dtype float16). Over an fp16 pool
+torch reads the same rounded keys and values (widened after its gather), so the bound
+against it stays TOLERANCE."""
+
+
 STEPS = {
     "decode-odd-lengths": [(0, 1), (9, 1), (30, 1), (47, 1), (100, 1), (15, 1), (16, 1)],
     "mixed-prefill-and-decode": [(0, 11), (9, 1), (30, 5), (1, 1), (47, 1)],
@@ -80,12 +86,61 @@ def test_native_matches_torch(make_random_step, seqs, block_size, group, head_di
 
 @needs_kernel
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize(("block_size", "group", "head_dim"),
+                         [(16, 3, 64), (4, 1, 32), (8, 4, 128), (5, 2, 64)])
+@pytest.mark.parametrize("seqs", STEPS.values(), ids=STEPS.keys())
+def test_fp16_pool_matches_torch(make_random_step, seqs, block_size, group, head_dim, window,
+                                 path):
+    """An fp16 pool (kv_cache_dtype float16): the new keys and values stored rounded exactly as
+    torch rounds them, and attention over the rounded pool within TOLERANCE of torch's over
+    the same pool; its distance from the fp32 pool's attention is the rounding's, small."""
+    step = make_random_step(block_size=block_size, num_kv_heads=3, group=group,
+                            head_dim=head_dim, seqs=seqs, sliding_window=window, seed=7,
+                            kv_dtype=torch.float16)
+    native, reference = native_backend(step.spec, path), create_backend("torch", step.spec)
+    native_pool, torch_pool = step.kv_cache.clone(), step.kv_cache.clone()
+    out = native.forward(step.query, step.key, step.value, native_pool, native.plan(step.meta))
+    expected = reference.forward(step.query, step.key, step.value, torch_pool,
+                                 reference.plan(step.meta))
+    assert native_pool.dtype == torch.float16 and torch.equal(native_pool, torch_pool)
+    assert (out - expected).abs().max().item() <= TOLERANCE
+    wide = step.kv_cache.float()
+    fp32 = reference.forward(step.query, step.key, step.value, wide, reference.plan(step.meta))
+    assert (out - fp32).abs().max().item() <= 5e-3  # new rows rounded: randn's ~2^-11 relative
+
+
+@needs_kernel
+def test_fp16_store_rounds_as_torch_does(make_random_step):
+    """The C++ store into an fp16 pool rounds to nearest even as torch's .to(float16) does, at
+    the edges too: past 65504 to inf, below fp16's subnormals to zero, signs and NaN kept."""
+    step = make_random_step(block_size=4, num_kv_heads=2, group=1, head_dim=32,
+                            seqs=[(0, 6)], seed=1, kv_dtype=torch.float16)
+    edges = torch.tensor([65504.0, 65519.0, 65520.0, 1e6, -1e6, 6e-8, 3e-8, 1e-10, -0.0,
+                          float("nan"), float("inf"), 1 + 2 ** -11, 1 + 3 * 2 ** -11, 2.0 ** -24])
+    key = torch.randn(6, 2, 32) * 100
+    key.view(-1)[:edges.numel()] = edges
+    value = -key
+    native = NativeAttentionBackend(step.spec)
+    pool, expected = step.kv_cache.clone(), step.kv_cache.clone()
+    native._kernel.store_kv(pool, key, value, step.meta.slot_mapping)
+    from conveyor.engine.attention.torch_backend import store_kv
+
+    store_kv(key, value, expected, step.meta.slot_mapping)
+    assert torch.equal(pool.view(torch.int16), expected.view(torch.int16))  # bit for bit
+    with pytest.raises(RuntimeError, match="float32 or float16"):
+        native._kernel.store_kv(pool.to(torch.bfloat16), key, value, step.meta.slot_mapping)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kv_dtype", POOL_DTYPES)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_shared_prefix_blocks_and_thread_splits(make_random_step, threads, path):
+def test_shared_prefix_blocks_and_thread_splits(make_random_step, threads, path, kv_dtype):
     """Requests whose tables share their first blocks (a cached prefix), split over
     threads at item boundaries that fall inside a request's kv heads."""
     step = make_random_step(block_size=16, num_kv_heads=3, group=3, head_dim=64,
-                            seqs=[(70, 1)] * 5 + [(20, 1)], seed=3)
+                            seqs=[(70, 1)] * 5 + [(20, 1)], seed=3, kv_dtype=kv_dtype)
     step.meta.block_tables[1:5, :3] = step.meta.block_tables[0, :3]
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -96,15 +151,16 @@ def test_shared_prefix_blocks_and_thread_splits(make_random_step, threads, path)
 
 
 @needs_kernel
+@pytest.mark.parametrize("kv_dtype", POOL_DTYPES)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("window", [None, 21])
-def test_prefill_kernel_tiles_and_thread_shares(make_random_step, threads, window):
+def test_prefill_kernel_tiles_and_thread_shares(make_random_step, threads, window, kv_dtype):
     """Prefill chunks of many 16-position tiles over cached context, in requests sharing a
     prefix's blocks, spread over 1-3 threads by cost: the prefill kernel matches torch, and
     the decode token between them is the decode kernel's."""
     step = make_random_step(block_size=16, num_kv_heads=3, group=3, head_dim=64,
                             seqs=[(0, 130), (64, 71), (64, 16), (90, 1), (7, 33)],
-                            sliding_window=window, seed=11)
+                            sliding_window=window, seed=11, kv_dtype=kv_dtype)
     step.meta.block_tables[2, :4] = step.meta.block_tables[1, :4]
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -166,11 +222,12 @@ def test_prefill_kernel_refuses_bad_rows(make_random_step):
 
 
 @needs_kernel
+@pytest.mark.parametrize("kv_dtype", POOL_DTYPES)
 @pytest.mark.parametrize("num_sharing", [3, 6, 11, 17])
 @pytest.mark.parametrize(("block_size", "group", "head_dim", "window"),
                          [(16, 3, 64, None), (4, 1, 32, None), (8, 4, 128, 30), (5, 2, 64, 23)])
 def test_cascade_groups_requests_sharing_blocks(make_random_step, block_size, group, head_dim,
-                                                window, num_sharing):
+                                                window, num_sharing, kv_dtype):
     """Requests on two cached prefixes, interleaved, the first prefix's group of query rows
     from `num_sharing` requests (row counts that fill 16-row vectors, a last 8, or neither),
     one prefix ending inside a block they share, then each request's own blocks: the cascade
@@ -178,7 +235,7 @@ def test_cascade_groups_requests_sharing_blocks(make_random_step, block_size, gr
     lengths = [41 + 7 * (i % 5) for i in range(2 * num_sharing)]
     step = make_random_step(block_size=block_size, num_kv_heads=3, group=group,
                             head_dim=head_dim, seqs=[(n, 1) for n in lengths],
-                            sliding_window=window, seed=5)
+                            sliding_window=window, seed=5, kv_dtype=kv_dtype)
     tables = step.meta.block_tables
     prefix = 40 // block_size + 1  # the blocks holding tokens 0..40; the last one partly
     tables[2::2, :prefix] = tables[0, :prefix]  # requests 0, 2, 4, ...: the first prefix
@@ -237,7 +294,7 @@ def test_backend_refuses_what_the_kernel_does_not_cover(make_random_step):
     step = make_random_step(block_size=4, num_kv_heads=1, group=2, head_dim=32,
                             seqs=[(5, 1)], dtype=torch.bfloat16)
     backend = create_backend("native", step.spec)
-    with pytest.raises(ValueError, match="float32 KV pool"):
+    with pytest.raises(ValueError, match="float32 or float16 KV pool"):
         backend.forward(step.query, step.key, step.value, step.kv_cache,
                         backend.plan(step.meta))
 
@@ -360,6 +417,35 @@ def test_greedy_with_shared_prefix_blocks_matches_transformers(native_model, mak
             reference = hf_model.generate(torch.tensor([ids]), do_sample=False,
                                           max_new_tokens=10, pad_token_id=2)[0, len(ids):]
         assert outputs[f"p{i}"][:len(reference)] == reference.tolist(), i
+
+
+@needs_kernel
+@pytest.mark.slow
+def test_greedy_over_an_fp16_pool_is_torch_over_the_same_pool(native_model, smollm2_model,
+                                                               make_driver, tokenizer):
+    """kv_cache_dtype float16, prompts arriving over time with mixed steps and a shared
+    prefix: the native kernels' greedy output is the torch backend's over the same fp16
+    pool (both read the same rounded keys and values), token for token."""
+    from conveyor.engine.worker.model_runner import ModelRunner
+    from conveyor.engine.worker.runner_config import RunnerConfig
+
+    prefix = "The river town woke slowly. Bakers lit their ovens before dawn. " * 6
+    texts = ["The capital of France is", "def fibonacci(n):\n    ", prefix + "Then",
+             prefix + "Meanwhile", "1, 2, 3, 4, 5,"]
+    prompts = {f"p{i}": tokenizer(text)["input_ids"] for i, text in enumerate(texts)}
+    outputs = []
+    for backend, model in (("native", native_model), ("torch", smollm2_model)):
+        runner = ModelRunner(RunnerConfig(model="(preloaded)", attention_backend=backend,
+                                          kv_cache_dtype="float16", block_size=16,
+                                          num_blocks=256, max_model_len=1024,
+                                          max_num_batched_tokens=512, max_num_seqs=16),
+                             model=model)
+        assert runner.kv_caches[0].dtype == torch.float16
+        driver = make_driver(runner, token_budget=48, seed=2)
+        outputs.append(driver.run({i: [(name, ids, 12)]
+                                   for i, (name, ids) in enumerate(prompts.items())}))
+        assert driver.num_mixed_steps > 0
+    assert outputs[0] == outputs[1]
 
 
 @needs_kernel

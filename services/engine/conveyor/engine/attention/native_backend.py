@@ -9,9 +9,10 @@ heads (the cascade); on AVX2 they read it back to back while it is in cache.
 The prefill kernel (native/csrc/paged_prefill_attention.cpp) is flash attention over the
 same pool: tiles of 16 query positions times a kv head's query heads, causal over the
 request's whole context (a cached prefix and earlier chunks read in place, not gathered).
-Both take fp32 pools and head sizes of native_kernel.HEAD_DIMS; the constructor refuses
-anything else, naming the setting. CONVEYOR_PREFILL_ATTENTION=torch sends prefill chunks
-through the torch backend's gather + SDPA instead (A/B).
+Both take fp32 or fp16 pools (kv_cache_dtype float16: each element widened to fp32 as it is
+read) and head sizes of native_kernel.HEAD_DIMS; anything else is refused, naming the setting.
+CONVEYOR_PREFILL_ATTENTION=torch sends prefill chunks through the torch backend's gather + SDPA
+instead (A/B).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from conveyor.engine.attention.torch_backend import TorchAttentionBackend
 from conveyor.engine.attention.torch_plan import TorchAttentionPlan, build_plan
 
 log = logging.getLogger("conveyor.engine.attention")
+
+POOL_DTYPES = (torch.float32, torch.float16)
+"""The pools the kernels read (float16: kv_cache_dtype float16, widened as read)."""
 
 
 @dataclass(slots=True)
@@ -126,9 +130,10 @@ class NativeAttentionBackend:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, plan: NativeAttentionPlan) -> torch.Tensor:
-        if kv_cache.dtype != torch.float32:
-            raise ValueError(f"attention backend native needs a float32 KV pool, got "
-                             f"{kv_cache.dtype}; set dtype float32 or attention_backend torch")
+        if kv_cache.dtype not in POOL_DTYPES:
+            raise ValueError(f"attention backend native needs a float32 or float16 KV pool, "
+                             f"got {kv_cache.dtype}; set dtype float32 or attention_backend "
+                             "torch")
         self._kernel.store_kv(kv_cache, _heads_contiguous(key), _heads_contiguous(value),
                               plan.slot_mapping)
         if plan.prefill is None:

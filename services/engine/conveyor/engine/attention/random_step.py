@@ -38,9 +38,10 @@ class RandomStep:
 
 def random_step(*, block_size: int, num_kv_heads: int, group: int, head_dim: int,
                 seqs: list[tuple[int, int]], seed: int = 0, dtype=torch.float32,
-                sliding_window: int | None = None) -> RandomStep:
+                sliding_window: int | None = None, kv_dtype=None) -> RandomStep:
     """`seqs` lists (num_cached, num_new) per request. Blocks are handed out in a
-    shuffled order so block tables are not contiguous; the pool's old context is random."""
+    shuffled order so block tables are not contiguous; the pool's old context is random.
+    kv_dtype: the pool's element type (None: dtype)."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     need = [math.ceil((cached + new) / block_size) for cached, new in seqs]
@@ -75,4 +76,4 @@ def random_step(*, block_size: int, num_kv_heads: int, group: int, head_dim: int
         spec=spec, meta=meta, query=randn(num_tokens, num_heads, head_dim),
         key=randn(num_tokens, num_kv_heads, head_dim),
         value=randn(num_tokens, num_kv_heads, head_dim),
-        kv_cache=randn(2, num_blocks, block_size, num_kv_heads, head_dim))
+        kv_cache=randn(2, num_blocks, block_size, num_kv_heads, head_dim).to(kv_dtype or dtype))

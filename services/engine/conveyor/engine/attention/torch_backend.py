@@ -21,10 +21,13 @@ __all__ = ["TorchAttentionBackend", "TorchAttentionPlan", "paged_attention", "st
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Write key/value rows [T, Hkv, D] into the pool at `slot_mapping`."""
+    """Write key/value rows [T, Hkv, D] into the pool at `slot_mapping` (rounded to the
+    pool's dtype where it is narrower: kv_cache_dtype float16)."""
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
-    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping,
+                                                             key.to(kv_cache.dtype))
+    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping,
+                                                             value.to(kv_cache.dtype))
 
 
 def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, plan: TorchAttentionPlan,
@@ -50,8 +53,8 @@ def _attend_group(query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionG
         grid = query.new_zeros(rows * length, spec.num_heads, spec.head_dim)
         grid.index_copy_(0, group.query_index, query)
         grid = grid.view(rows, length, spec.num_heads, spec.head_dim)
-    keys = _gather_context(kv_cache[0], group.context_buffer[0], group, spec)
-    values = _gather_context(kv_cache[1], group.context_buffer[1], group, spec)
+    keys = _gather_context(kv_cache[0], group.context_buffer[0], group, spec).to(query.dtype)
+    values = _gather_context(kv_cache[1], group.context_buffer[1], group, spec).to(query.dtype)
     out = F.scaled_dot_product_attention(
         grid.transpose(1, 2), keys, values, attn_mask=group.mask,
         is_causal=group.mask is None, scale=spec.scale,
@@ -65,7 +68,8 @@ def _attend_group(query: torch.Tensor, kv_cache: torch.Tensor, group: AttentionG
 def _gather_context(cache: torch.Tensor, buffer: torch.Tensor, group: AttentionGroup,
                     spec: AttentionSpec) -> torch.Tensor:
     """[B, Hkv, S, D] context of one half (keys or values) of the pool, by whole blocks,
-    copied into `buffer` [B * W, block_size, Hkv, D] (no allocation per layer)."""
+    copied into `buffer` [B * W, block_size, Hkv, D] (no allocation per layer; an fp16 pool
+    under fp32 queries is widened after, into a new tensor)."""
     blocks = torch.index_select(cache, 0, group.block_ids, out=buffer)
     return blocks.view(group.num_rows, group.context_len, spec.num_kv_heads,
                        spec.head_dim).transpose(1, 2)

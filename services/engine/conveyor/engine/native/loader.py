@@ -28,9 +28,10 @@ log = logging.getLogger("conveyor.engine.native")
 
 CSRC = Path(__file__).parent / "csrc"
 """Where the engine's C++ sources live."""
-CPU_CFLAGS = ("-O3", "-std=c++17", "-mavx2", "-mfma", "-fopenmp")
-"""AVX2 + FMA (not -march=native: an image may run on another host); OpenMP so
-at::parallel_for uses torch's intra-op threads (the libgomp torch already loaded)."""
+CPU_CFLAGS = ("-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
+"""AVX2 + FMA + F16C (an fp16 KV pool's conversions), not -march=native: an image may run
+on another host; OpenMP so at::parallel_for uses torch's intra-op threads (the libgomp torch
+already loaded)."""
 _STAMP = "built"
 
 

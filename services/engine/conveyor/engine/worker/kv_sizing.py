@@ -59,9 +59,9 @@ def check_capacity(capacity: KVCapacity, *, device_is_cuda: bool) -> None:
         f"or lower max_model_len")
 
 
-def log_capacity(capacity: KVCapacity, bytes_per_block: int) -> None:
+def log_capacity(capacity: KVCapacity, bytes_per_block: int, dtype_name: str) -> None:
     logger.info(
-        "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB); max concurrency at "
+        "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s); max concurrency at "
         "max_model_len=%d: %.2fx", capacity.num_blocks, capacity.block_size,
         capacity.num_tokens, capacity.num_blocks * bytes_per_block / GIB,
-        capacity.max_model_len, capacity.max_concurrency)
+        dtype_name, capacity.max_model_len, capacity.max_concurrency)

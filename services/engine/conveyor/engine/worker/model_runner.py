@@ -54,7 +54,8 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         self.capacity = self._size_kv_pool()
         self.kv_caches = allocate_kv_caches(self.model_config, self.capacity.num_blocks,
-                                            config.block_size, config.torch_dtype, self.device)
+                                            config.block_size, config.torch_kv_dtype,
+                                            self.device)
         if config.uses_cuda_graphs:
             self.decode_graphs = self.build_decode_graphs()
 
@@ -115,11 +116,12 @@ class ModelRunner:
 
     def _size_kv_pool(self) -> kv_sizing.KVCapacity:
         per_block = kv_bytes_per_block(self.model_config, self.config.block_size,
-                                       self.config.torch_dtype)
+                                       self.config.torch_kv_dtype)
         capacity = kv_sizing.KVCapacity(self._num_blocks(per_block), self.config.block_size,
                                         self.max_model_len)
         kv_sizing.check_capacity(capacity, device_is_cuda=self.config.is_cuda)
-        kv_sizing.log_capacity(capacity, per_block)
+        kv_sizing.log_capacity(capacity, per_block,
+                               str(self.config.torch_kv_dtype).removeprefix("torch."))
         return capacity
 
     def _num_blocks(self, bytes_per_block: int) -> int:
@@ -136,7 +138,7 @@ class ModelRunner:
         step = profiling_step(self.config.max_num_batched_tokens, self.config.max_num_seqs,
                               self.config.block_size, self.max_model_len)
         scratch = allocate_kv_caches(self.model_config, step.num_blocks, self.config.block_size,
-                                     self.config.torch_dtype, self.device)
+                                     self.config.torch_kv_dtype, self.device)
         self.kv_caches = scratch
         self.execute(step.output)
         torch.cuda.synchronize(self.device)

@@ -9,6 +9,10 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_DTYPES = ("float32", "bfloat16")
 GPU_DTYPES = ("bfloat16", "float16", "float32")
+KV_CACHE_DTYPES = ("auto", "float16")
+"""The KV pool's element type: auto (the model dtype), or float16 on CPU (half the bytes a
+decode step reads from the pool and twice the blocks in the same memory; the attention
+kernels widen each element to fp32 as they read it)."""
 
 
 @dataclass(slots=True)
@@ -18,7 +22,10 @@ class RunnerConfig:
     device: str = "cpu"
     """"cpu" or a CUDA device such as "cuda" / "cuda:0"."""
     dtype: str = "float32"
-    """Weights and KV cache: float32 or bfloat16 on CPU; bfloat16 or float16 on GPU."""
+    """Weights and (kv_cache_dtype auto) KV cache: float32 or bfloat16 on CPU; bfloat16 or
+    float16 on GPU."""
+    kv_cache_dtype: str = "auto"
+    """One of KV_CACHE_DTYPES."""
     weight_format: str = "fp32"
     """What decode steps read: fp32, or a format of model/quantized_linear.py (CPU, float32)."""
     attention_backend: str | None = None
@@ -49,6 +56,11 @@ class RunnerConfig:
         return DTYPES[self.dtype]
 
     @property
+    def torch_kv_dtype(self) -> torch.dtype:
+        """The KV pool's element type."""
+        return self.torch_dtype if self.kv_cache_dtype == "auto" else DTYPES[self.kv_cache_dtype]
+
+    @property
     def is_cuda(self) -> bool:
         return torch.device(self.device).type == "cuda"
 
@@ -73,6 +85,13 @@ class RunnerConfig:
             raise ValueError(f"weight_format {self.weight_format!r} has kernels on the CPU in "
                              f"float32 only, not {self.dtype} on {self.device}; "
                              "change weight_format to fp32")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of "
+                             f"{KV_CACHE_DTYPES}")
+        if self.kv_cache_dtype != "auto" and self.is_cuda:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype} is a CPU option; on "
+                             f"{self.device} the KV pool takes the model dtype: change "
+                             "kv_cache_dtype to auto")
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:

@@ -1,7 +1,7 @@
 // What the engine's C++ kernels share: the CPU features that pick their code paths, and the
-// 8-lane horizontal sum. The libraries are built for AVX2 + FMA (loader.py's CPU_CFLAGS); their
-// AVX-512 functions carry target attributes and run only where cpu_has_avx512() says so, so one
-// build (an image's) runs on either kind of host.
+// 8-lane horizontal sum. The libraries are built for AVX2 + FMA + F16C (loader.py's
+// CPU_CFLAGS); their AVX-512 functions carry target attributes and run only where
+// cpu_has_avx512() says so, so one build (an image's) runs on either kind of host.
 #pragma once
 
 #include <immintrin.h>
@@ -22,6 +22,9 @@ constexpr int64_t kIsaAuto = 0, kIsaAvx2 = 1, kIsaAvx512 = 2;
 inline bool cpu_has_avx2() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
+
+// The fp16 <-> fp32 conversions of an fp16 KV pool (every AVX2 CPU has them).
+inline bool cpu_has_f16c() { return __builtin_cpu_supports("f16c"); }
 
 // AVX-512 F, DQ, BW and VL (every AVX-512 CPU since Skylake-SP has the four).
 inline bool cpu_has_avx512() {

@@ -1,6 +1,7 @@
 // Decode attention (one query token per sequence) read in place from the paged KV pool.
 //
-// Pool layout (attention/__init__.py): kv_cache [2, num_blocks, block_size, Hkv, D], fp32.
+// Pool layout (attention/__init__.py): kv_cache [2, num_blocks, block_size, Hkv, D], fp32 or
+// fp16 (widened to fp32 as it is loaded; the cascade widens a shared block once for its group).
 // Work items are (sequence, kv head) pairs, split into contiguous ranges over the intra-op
 // threads. A thread walks its items block column by block column, so sequences that share
 // physical blocks (a cached prefix) read each shared block back to back while it is in L1
@@ -25,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_isa.h"
@@ -42,6 +44,9 @@ using conveyor_native::kExpPoly;
 using conveyor_native::kLn2High;
 using conveyor_native::kLn2Low;
 using conveyor_native::kLog2e;
+using conveyor_native::load8;
+using conveyor_native::prefetch_row;
+using conveyor_native::widen_rows;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -66,8 +71,8 @@ struct RowState {
 };
 
 // scores[g][t] = q[g] . k[t] for the block's tokens t0..t1 (q already scaled).
-template <int D>
-void block_scores(const float* q, const float* k, int64_t token_stride, int64_t t0, int64_t t1,
+template <int D, typename T>
+void block_scores(const float* q, const T* k, int64_t token_stride, int64_t t0, int64_t t1,
                   int64_t G, int64_t bs, float* scores) {
   constexpr int C = D / 8;
   for (int64_t g = 0; g < G; ++g) {
@@ -76,31 +81,31 @@ void block_scores(const float* q, const float* k, int64_t token_stride, int64_t 
     float* s = scores + g * bs;
     int64_t t = t0;
     for (; t + 8 <= t1; t += 8) {  // eight independent FMA chains hide the FMA latency
-      const float* k0 = k + t * token_stride;
+      const T* k0 = k + t * token_stride;
       __m256 a[8];
       for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
       for (int c = 0; c < C; ++c) {
         const __m256 qc = _mm256_loadu_ps(q + g * D + 8 * c);
         for (int j = 0; j < 8; ++j)
-          a[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + j * token_stride + 8 * c), a[j]);
+          a[j] = _mm256_fmadd_ps(qc, load8(k0 + j * token_stride + 8 * c), a[j]);
       }
       _mm256_storeu_ps(s + t, hsum8(a));
     }
     for (; t + 4 <= t1; t += 4) {
-      const float* k0 = k + t * token_stride;
+      const T* k0 = k + t * token_stride;
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
       for (int c = 0; c < C; ++c) {
-        a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 8 * c), a0);
-        a1 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + token_stride + 8 * c), a1);
-        a2 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 2 * token_stride + 8 * c), a2);
-        a3 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 3 * token_stride + 8 * c), a3);
+        a0 = _mm256_fmadd_ps(qv[c], load8(k0 + 8 * c), a0);
+        a1 = _mm256_fmadd_ps(qv[c], load8(k0 + token_stride + 8 * c), a1);
+        a2 = _mm256_fmadd_ps(qv[c], load8(k0 + 2 * token_stride + 8 * c), a2);
+        a3 = _mm256_fmadd_ps(qv[c], load8(k0 + 3 * token_stride + 8 * c), a3);
       }
       _mm_storeu_ps(s + t, hsum4(a0, a1, a2, a3));
     }
     for (; t < t1; ++t) {
-      const float* k0 = k + t * token_stride;
+      const T* k0 = k + t * token_stride;
       __m256 a = _mm256_setzero_ps();
-      for (int c = 0; c < C; ++c) a = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k0 + 8 * c), a);
+      for (int c = 0; c < C; ++c) a = _mm256_fmadd_ps(qv[c], load8(k0 + 8 * c), a);
       s[t] = horizontal_sum(a);
     }
   }
@@ -108,8 +113,8 @@ void block_scores(const float* q, const float* k, int64_t token_stride, int64_t 
 
 // Fold one block's tokens t0..t1 into the state: scores become probabilities, the
 // running outputs are rescaled by the new maxima and accumulate sum_t p[t] * v[t].
-template <int D>
-void block_update(const float* v, int64_t token_stride, int64_t t0, int64_t t1, int64_t G,
+template <int D, typename T>
+void block_update(const T* v, int64_t token_stride, int64_t t0, int64_t t1, int64_t G,
                   int64_t bs, float* scores, RowState st) {
   constexpr int C = D / 8;
   for (int64_t g = 0; g < G; ++g) {
@@ -147,23 +152,19 @@ void block_update(const float* v, int64_t token_stride, int64_t t0, int64_t t1, 
     for (int c = 0; c < C; ++c) a[c] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * c), corr);
     for (t = t0; t < t1; ++t) {
       const __m256 p = _mm256_set1_ps(s[t]);
-      const float* v0 = v + t * token_stride;
-      for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v0 + 8 * c), a[c]);
+      const T* v0 = v + t * token_stride;
+      for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(p, load8(v0 + 8 * c), a[c]);
     }
     for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
   }
 }
 
 // Ask for one head's K and V rows of a block (tokens t0..t1) ahead of their use.
-template <int D>
-inline void prefetch_block(const Pool& pool, int64_t offset, int64_t t0, int64_t t1) {
+template <int D, typename T>
+inline void prefetch_block(const Pool<T>& pool, int64_t offset, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
-    const float* k = pool.keys + offset + t * pool.token_stride;
-    const float* v = pool.values + offset + t * pool.token_stride;
-    for (int line = 0; line < D; line += 16) {
-      _mm_prefetch(reinterpret_cast<const char*>(k + line), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(v + line), _MM_HINT_T0);
-    }
+    prefetch_row(pool.keys + offset + t * pool.token_stride, D);
+    prefetch_row(pool.values + offset + t * pool.token_stride, D);
   }
 }
 
@@ -180,8 +181,8 @@ struct Batch {
 // Work items begin..end, item = request * Hkv + kv head, walked block column by block
 // column: the items of one request read one block's heads back to back (contiguous
 // memory), and requests that share the block at a column read it while it is in L1.
-template <int D>
-void attend_items(const Pool& pool, const Batch& batch, int64_t begin, int64_t end) {
+template <int D, typename T>
+void attend_items(const Pool<T>& pool, const Batch& batch, int64_t begin, int64_t end) {
   const int64_t Hkv = batch.num_kv_heads, G = batch.num_heads / Hkv, n = end - begin;
   const int64_t bs = pool.block_size;
   std::vector<float> q(n * G * D), acc(n * G * D, 0.0f), max(n * G, kNegInf), sum(n * G, 0.0f);
@@ -262,6 +263,7 @@ struct Group {
 // rows' max, sum and output corrections gathered. One per kv head, whose groups alternate.
 struct LaneScratch {
   std::vector<float> qt, st, max, sum, correction;
+  std::vector<float> keys, values;  // an fp16 pool's block widened: [block_size][D] each
   std::vector<int32_t> rows;  // the rows qt holds
 };
 
@@ -426,13 +428,27 @@ inline void for_row_tiles(int64_t num_rows, Tile&& tile) {
 }
 
 // Fold one block (tokens t0..t1 at offset) into every row of a group of more than kLaneRows
-// rows: 16 rows per zmm (8 per ymm for a last half), each key and value loaded once for all.
-template <int D>
-CONVEYOR_AVX512 void group_lanes512(const Pool& pool, const Group& grp, int64_t offset,
+// rows: 16 rows per zmm (8 per ymm for a last half), each key and value loaded once for all
+// (an fp16 block widened into the scratch first, once for the whole group).
+template <int D, typename T>
+CONVEYOR_AVX512 void group_lanes512(const Pool<T>& pool, const Group& grp, int64_t offset,
                                     int64_t t0, int64_t t1, LaneScratch& ls) {
-  const float* k = pool.keys + offset;
-  const float* v = pool.values + offset;
-  const int64_t ts = pool.token_stride;
+  const float* k;
+  const float* v;
+  int64_t ts;
+  if constexpr (std::is_same_v<T, float>) {
+    k = pool.keys + offset;
+    v = pool.values + offset;
+    ts = pool.token_stride;
+  } else {
+    ls.keys.resize(pool.block_size * D);
+    ls.values.resize(pool.block_size * D);
+    widen_rows<D>(pool.keys + offset, pool.token_stride, t0, t1, ls.keys.data());
+    widen_rows<D>(pool.values + offset, pool.token_stride, t0, t1, ls.values.data());
+    k = ls.keys.data();
+    v = ls.values.data();
+    ts = D;
+  }
   int64_t full = grp.num_rows / 16;  // zmm lane blocks; a rest of over 8 rows takes another
   const bool half = grp.num_rows % 16 > 0 && grp.num_rows % 16 <= 8;
   if (grp.num_rows % 16 > 8) ++full;
@@ -463,8 +479,8 @@ struct Span {
   bool same_as(const Span& o) const { return block == o.block && t0 == o.t0 && t1 == o.t1; }
 };
 
-template <int D>
-Span span_at(const Pool& pool, const Batch& batch, int64_t item, int64_t col) {
+template <int D, typename T>
+Span span_at(const Pool<T>& pool, const Batch& batch, int64_t item, int64_t col) {
   const int64_t Hkv = batch.num_kv_heads, b = item / Hkv, h = item % Hkv;
   const int64_t len = batch.seq_lens[b], bs = pool.block_size;
   const int64_t first =
@@ -484,8 +500,8 @@ Span span_at(const Pool& pool, const Batch& batch, int64_t item, int64_t col) {
 // first item. A group of more than kLaneRows rows (3 or more requests sharing the block at
 // G = 3) takes the lane layout; smaller ones take the AVX2 code per item, which is as fast
 // as 16-lane code for 3 rows here (this Zen 5 retires half as many zmm as ymm FMAs).
-template <int D>
-CONVEYOR_AVX512 void attend_items_cascade(const Pool& pool, const Batch& batch, int64_t begin,
+template <int D, typename T>
+CONVEYOR_AVX512 void attend_items_cascade(const Pool<T>& pool, const Batch& batch, int64_t begin,
                                           int64_t end) {
   constexpr int kRecentLeaders = 4;
   const int64_t Hkv = batch.num_kv_heads, G = batch.num_heads / Hkv, n = end - begin;
@@ -563,8 +579,8 @@ CONVEYOR_AVX512 void attend_items_cascade(const Pool& pool, const Batch& batch, 
 // Kernel paths (the `path` argument): the best this CPU runs, or one forced (A/B, tests).
 enum Path : int64_t { kAuto = 0, kAvx2 = 1, kAvx512Cascade = 2 };
 
-template <int D>
-void attend(const Pool& pool, const Batch& batch, int64_t num_seqs, int64_t path) {
+template <int D, typename T>
+void attend(const Pool<T>& pool, const Batch& batch, int64_t num_seqs, int64_t path) {
   at::parallel_for(0, num_seqs * batch.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     if (path == kAvx2)
       attend_items<D>(pool, batch, begin, end);
@@ -601,17 +617,20 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
                 "seq_lens[", n, "] = ", lens[n], " is outside 1..", block_tables.size(1) * block_size);
     conveyor_native::check_blocks(tables, block_tables.size(1), n, lens[n], kv_cache);
   }
-  const Pool pool = conveyor_native::pool_of(kv_cache);
   const Batch batch{query.data_ptr<float>(), out.data_ptr<float>(),
                     tables, lens, block_tables.size(1), num_heads,
                     num_kv_heads, sliding_window, static_cast<float>(scale),
                     conveyor_native::row_stride(query)};
-  switch (head_dim) {
-    case 32: return attend<32>(pool, batch, num_seqs, path);
-    case 64: return attend<64>(pool, batch, num_seqs, path);
-    case 128: return attend<128>(pool, batch, num_seqs, path);
-    default: TORCH_CHECK(false, "head_dim ", head_dim, " is not one of 32, 64, 128");
-  }
+  conveyor_native::with_pool_type(kv_cache, [&](auto element) {
+    using T = decltype(element);
+    const Pool<T> pool = conveyor_native::pool_of<T>(kv_cache);
+    switch (head_dim) {
+      case 32: return attend<32>(pool, batch, num_seqs, path);
+      case 64: return attend<64>(pool, batch, num_seqs, path);
+      case 128: return attend<128>(pool, batch, num_seqs, path);
+      default: TORCH_CHECK(false, "head_dim ", head_dim, " is not one of 32, 64, 128");
+    }
+  });
 }
 
 // paged_prefill_attention.cpp
@@ -622,16 +641,17 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
-        "Decode attention read in place from the paged KV pool (fp32; path 0 auto, 1 AVX2, "
-        "2 AVX-512 with the shared-block cascade)",
+        "Decode attention read in place from the paged KV pool (fp32 or fp16; path 0 auto, "
+        "1 AVX2, 2 AVX-512 with the shared-block cascade)",
         // tensors only inside: the GIL is released while it runs, as ATen's ops do
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "Prefill attention (chunks of query tokens, causal over the request's context) read in "
-        "place from the paged KV pool (fp32, AVX2)",
+        "place from the paged KV pool (fp32 or fp16, AVX2)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("store_kv", &conveyor_native::store_kv,
-        "Write key and value rows [T, Hkv, D] into the paged pool at slot_mapping (fp32)",
+        "Write fp32 key and value rows [T, Hkv, D] into the paged pool (fp32, or fp16 rounded "
+        "to nearest even) at slot_mapping",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("has_avx512", &cpu_has_avx512, "Whether this CPU runs the AVX-512 paths");
 }

@@ -2,7 +2,8 @@
 // KV pool: a flash-style kernel, causal within the sequence's context (a cached prefix and the
 // earlier chunks included), with an optional sliding window.
 //
-// Pool layout (attention/__init__.py): kv_cache [2, num_blocks, block_size, Hkv, D], fp32.
+// Pool layout (attention/__init__.py): kv_cache [2, num_blocks, block_size, Hkv, D], fp32 or
+// fp16 (a chunk's fp16 key and value rows are widened into the thread's scratch once per tile).
 // A work item is (request, kv head, tile of kTilePositions query positions): its rows are the
 // tile's positions times the G = H / Hkv query heads of the kv head, so each key and value row
 // loaded serves all G heads and all positions of the tile. Rows sit in the lanes (8 per ymm):
@@ -24,6 +25,7 @@
 #include <cfloat>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_isa.h"
@@ -34,6 +36,7 @@ namespace {
 
 using conveyor_native::exp_nonpositive;
 using conveyor_native::Pool;
+using conveyor_native::widen_row;
 
 constexpr int64_t kTilePositions = 16;  // query positions per work item
 constexpr int kKeyChunk = 16;  // keys per softmax step (32 measured slower, 16 and 32 mixed too)
@@ -71,6 +74,7 @@ struct Scratch {
   std::vector<float> max, sum, correction;  // [rp]
   std::vector<int32_t> pos;        // [rp] query position of each row
   std::vector<float> acc;          // [rows][D] running outputs
+  std::vector<float> keys, values;  // [kKeyChunk][D] a chunk's rows widened (fp16 pool)
 };
 
 // st[t * rp + lane0 ..] for the chunk's tokens (key pointers k[0..KC)), NR row vectors
@@ -239,19 +243,31 @@ Tile tile_of(const Batch& batch, const Item& it) {
 
 // One chunk of KC keys from k0 into the tile's state: the keys' and values' rows (a token past
 // the keys read repeats the last one), scores, the masks the chunk crosses, softmax, values.
-template <int D, int KC>
-void attend_chunk(const Pool& pool, const Batch& batch, const Item& it, const Tile& tile,
+template <int D, int KC, typename T>
+void attend_chunk(const Pool<T>& pool, const Batch& batch, const Item& it, const Tile& tile,
                   int64_t k0, Scratch& sc) {
   const int32_t* table = batch.tables + it.request * batch.table_width;
   const int nt = static_cast<int>(std::min<int64_t>(KC, tile.key_end - k0));
   const float* k[KC];
   const float* v[KC];
   for (int t = 0; t < KC; ++t) {
-    const int64_t kpos = k0 + std::min(t, nt - 1);
+    if (t > nt - 1) {
+      k[t] = k[nt - 1];
+      v[t] = v[nt - 1];
+      continue;
+    }
+    const int64_t kpos = k0 + t;
     const int64_t offset = table[kpos / pool.block_size] * pool.block_stride +
                            kpos % pool.block_size * pool.token_stride + it.head * D;
-    k[t] = pool.keys + offset;
-    v[t] = pool.values + offset;
+    if constexpr (std::is_same_v<T, float>) {
+      k[t] = pool.keys + offset;
+      v[t] = pool.values + offset;
+    } else {
+      widen_row<D>(pool.keys + offset, sc.keys.data() + t * D);
+      widen_row<D>(pool.values + offset, sc.values.data() + t * D);
+      k[t] = sc.keys.data() + t * D;
+      v[t] = sc.values.data() + t * D;
+    }
   }
   chunk_scores<D, KC>(sc, tile.rp, k, sc.st.data());
   const bool causal_edge = k0 + KC > tile.first_pos + 1;
@@ -262,8 +278,8 @@ void attend_chunk(const Pool& pool, const Batch& batch, const Item& it, const Ti
   chunk_values<D>(sc, tile.rows, tile.rp, v, nt);
 }
 
-template <int D>
-void attend_item(const Pool& pool, const Batch& batch, const Item& it, Scratch& sc) {
+template <int D, typename T>
+void attend_item(const Pool<T>& pool, const Batch& batch, const Item& it, Scratch& sc) {
   const int64_t G = batch.num_heads / batch.num_kv_heads, H = batch.num_heads;
   const Tile tile = tile_of(batch, it);
   const int64_t rows = tile.rows, rp = tile.rp;
@@ -283,6 +299,10 @@ void attend_item(const Pool& pool, const Batch& batch, const Item& it, Scratch& 
   sc.sum.assign(rp, 0.0f);
   sc.correction.resize(rp);
   sc.acc.assign(rows * D, 0.0f);
+  if constexpr (!std::is_same_v<T, float>) {
+    sc.keys.resize(kKeyChunk * D);
+    sc.values.resize(kKeyChunk * D);
+  }
   for (int64_t k0 = tile.key_begin; k0 < tile.key_end; k0 += kKeyChunk)
     attend_chunk<D, kKeyChunk>(pool, batch, it, tile, k0, sc);
   for (int64_t j = 0; j < rows; ++j) {
@@ -321,8 +341,8 @@ std::vector<std::vector<Item>> plan_items(const Batch& batch, int64_t num_reques
   return shares;
 }
 
-template <int D>
-void attend(const Pool& pool, const Batch& batch, int64_t num_requests) {
+template <int D, typename T>
+void attend(const Pool<T>& pool, const Batch& batch, int64_t num_requests) {
   const int64_t num_threads = std::max<int64_t>(1, at::get_num_threads());
   const auto shares = plan_items(batch, num_requests, num_threads);
   at::parallel_for(0, num_threads, 1, [&](int64_t begin, int64_t end) {
@@ -370,14 +390,17 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
     TORCH_CHECK(lens[r] < std::numeric_limits<int32_t>::max(), "seq_len too large");
     conveyor_native::check_blocks(tables, width, r, lens[r], kv_cache);
   }
-  const Pool pool = conveyor_native::pool_of(kv_cache);
   const Batch batch{query.data_ptr<float>(), out.data_ptr<float>(), tables, lens, starts, qlens,
                     width, num_heads, num_kv_heads, sliding_window, static_cast<float>(scale),
                     conveyor_native::row_stride(query)};
-  switch (head_dim) {
-    case 32: return attend<32>(pool, batch, num_requests);
-    case 64: return attend<64>(pool, batch, num_requests);
-    case 128: return attend<128>(pool, batch, num_requests);
-    default: TORCH_CHECK(false, "head_dim ", head_dim, " is not one of 32, 64, 128");
-  }
+  conveyor_native::with_pool_type(kv_cache, [&](auto element) {
+    using T = decltype(element);
+    const Pool<T> pool = conveyor_native::pool_of<T>(kv_cache);
+    switch (head_dim) {
+      case 32: return attend<32>(pool, batch, num_requests);
+      case 64: return attend<64>(pool, batch, num_requests);
+      case 128: return attend<128>(pool, batch, num_requests);
+      default: TORCH_CHECK(false, "head_dim ", head_dim, " is not one of 32, 64, 128");
+    }
+  });
 }
