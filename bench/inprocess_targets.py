@@ -18,6 +18,7 @@ and writes them, with every input figure, as JSON (default docs/img/inprocess_ta
 which bench/run_suite.py's peer report reads).
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.inprocess_targets [--threads 2] [--quick]
+        [--kv-cache-dtype float16 --json docs/img/inprocess_targets_kv16.json]
 """
 
 from __future__ import annotations
@@ -97,9 +98,11 @@ def measure(args) -> dict:
     torch.set_num_threads(args.threads)
     config = roofline.load_model_config(args.model)
     weight_bytes = roofline.params_per_token(config) * 4
-    out: dict = {"threads": args.threads, "dtype": "float32", "weight_bytes": weight_bytes}
+    out: dict = {"threads": args.threads, "dtype": "float32", "weight_bytes": weight_bytes,
+                 "kv_cache_dtype": args.kv_cache_dtype}
     llm = make_llm(model=args.model, max_num_seqs=64, kv_cache_gib=2.0, max_model_len=2048,
-                   torch_threads=args.threads, dtype="float32")
+                   torch_threads=args.threads, dtype="float32",
+                   kv_cache_dtype=args.kv_cache_dtype)
     engine_run(llm, 2, 2)  # warm-up: first-call allocations, oneDNN primitives
     out.update(single_stream_vs_floor(llm, weight_bytes, args.c1_requests))
     roof = roofline.run_roofline(config, ["float32"], args.roofline_tokens,
@@ -119,7 +122,8 @@ def format_targets(r: dict) -> str:
     floor_ok = "met" if r["dram_floor_ratio"] <= DRAM_FLOOR_SLACK else "not met"
     roof_ok = "met" if r["roofline_share"] >= ROOFLINE_SHARE else "not met"
     return "\n".join([
-        f"threads {r['threads']}, {r['dtype']}; weights read per one-row step "
+        f"threads {r['threads']}, {r['dtype']}, KV pool {r.get('kv_cache_dtype', 'auto')}; "
+        f"weights read per one-row step "
         f"{r['weight_bytes'] / 1e6:.0f} MB",
         f"read bandwidth {r['read_bandwidth_gb_s']:.1f} GB/s -> DRAM floor "
         f"{r['dram_floor_ms']:.1f} ms per step",
@@ -158,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="single-stream requests, each next to a bandwidth reading")
     p.add_argument("--c64-requests", type=int, default=128)
     p.add_argument("--quick", action="store_true", help="shorter timings, 64 requests at c64")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16"],
+                   help="the engine's KV pool (CONVEYOR_ENGINE_KV_CACHE_DTYPE)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = p.parse_args(argv)
     if args.quick:
