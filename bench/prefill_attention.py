@@ -20,6 +20,7 @@ native backend's prefill kernel (nothing gathered), e.g. a 256-token prompt afte
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.prefill_attention [--lengths 64,256,1024]
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.prefill_attention --contexts 0:256,512:256,768:256
+        [--paths native-avx2,native-avx512]
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def native_over(pool: torch.Tensor, q: torch.Tensor):
 
     def native(q_, k_, v_):
         kernel.paged_prefill_attention(out, rows, pool, table, lens, starts, lens,
-                                       DIM ** -0.5, 0)
+                                       DIM ** -0.5, 0, 0)  # isa 0: the widest path
         return out.transpose(0, 1)[None]
 
     return native
@@ -116,8 +117,9 @@ VARIANTS = {"sdpa": sdpa, "native": None, "sdpa-math": sdpa_math, "sdpa-exp": sd
             "folded-128": lambda q, k, v: folded_blocked(q, k, v, 128)}
 
 
-def over_context(context: int, length: int, rounds: int) -> str:
-    """One chunk of `length` tokens after `context` cached ones: torch plan vs native."""
+def over_context(context: int, length: int, rounds: int, paths: list[str]) -> str:
+    """One chunk of `length` tokens after `context` cached ones: torch plan vs the native
+    kernel on each of `paths` (CONVEYOR_PREFILL_ATTENTION values)."""
     from conveyor.engine.attention.backend import AttentionSpec
     from conveyor.engine.attention.metadata import AttentionMetadata
     from conveyor.engine.attention.native_backend import NativeAttentionBackend
@@ -136,11 +138,13 @@ def over_context(context: int, length: int, rounds: int) -> str:
         max_query_len=length, max_seq_len=total)
     spec = AttentionSpec(HEADS, KV_HEADS, DIM, DIM ** -0.5)
     torch_backend = TorchAttentionBackend(spec)
-    native = NativeAttentionBackend(spec, prefill_path="native")
-    torch_plan, native_plan = torch_backend.plan(meta), native.plan(meta)
-    fns = {"torch plan": lambda: torch_backend.attend(q, pool, torch_plan),
-           "native": lambda: native._prefill(q, pool, native_plan.prefill)}
-    err = (fns["native"]() - fns["torch plan"]()).abs().max().item()
+    torch_plan = torch_backend.plan(meta)
+    fns = {"torch plan": lambda: torch_backend.attend(q, pool, torch_plan)}
+    for path in paths:
+        native = NativeAttentionBackend(spec, prefill_path=path)
+        fns[path] = (lambda b, plan: lambda: b._prefill(q, pool, plan.prefill))(
+            native, native.plan(meta))
+    err = max((fns[p]() - fns["torch plan"]()).abs().max().item() for p in paths)
     reps = max(3, 2048 // length)
     times = {name: [] for name in fns}
     for _ in range(rounds):
@@ -150,10 +154,14 @@ def over_context(context: int, length: int, rounds: int) -> str:
             for _ in range(reps):
                 fn()
             times[name].append((time.perf_counter() - start) / reps * 1e3)
-    base, ms = statistics.median(times["torch plan"]), statistics.median(times["native"])
+    base = statistics.median(times["torch plan"])
     flops = 4 * HEADS * DIM * length * (context + (length + 1) / 2)  # causal
-    return (f"context {context:5d} + chunk {length:5d}: torch plan {base:7.3f} ms, native "
-            f"{ms:7.3f} ms (x{base / ms:4.2f}, {flops / ms / 1e6:5.1f} GFLOP/s, err {err:.0e})")
+    cells = []
+    for path in paths:
+        ms = statistics.median(times[path])
+        cells.append(f"{path} {ms:7.3f} ms (x{base / ms:4.2f}, {flops / ms / 1e6:5.1f} GFLOP/s)")
+    return (f"context {context:5d} + chunk {length:5d}: torch plan {base:7.3f} ms, "
+            + ", ".join(cells) + f", err {err:.0e}")
 
 
 def main() -> None:
@@ -163,12 +171,15 @@ def main() -> None:
                         help="C:L pairs (a chunk of L tokens after C cached), e.g. 512:256")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--paths", default="native",
+                        help="with --contexts: the kernel's paths, e.g. native-avx2,native-avx512")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.contexts:
         for pair in args.contexts.split(","):
             context, length = map(int, pair.split(":"))
-            print(over_context(context, length, args.rounds), flush=True)
+            print(over_context(context, length, args.rounds, args.paths.split(",")),
+                  flush=True)
         return
     for length in map(int, args.lengths.split(",")):
         q, k, v = inputs(length)

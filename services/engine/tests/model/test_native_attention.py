@@ -32,15 +32,18 @@ needs_kernel = pytest.mark.skipif(
 
 
 PATHS = ("avx2", "avx512-cascade")
-"""The kernel paths every native test runs on (native_kernel.KERNEL_PATHS but auto)."""
+"""The kernel paths every native test runs on (native_kernel.KERNEL_PATHS but auto): the
+decode kernel's, each with the prefill kernel on the same instruction set (PREFILL_OF)."""
+PREFILL_OF = {"avx2": "native-avx2", "avx512-cascade": "native-avx512"}
 
 
 def native_backend(spec, path: str) -> NativeAttentionBackend:
-    """The native backend forced onto `path`; skips the test where the CPU cannot run it."""
+    """The native backend forced onto `path` (decode) and PREFILL_OF[path] (prefill); skips
+    the test where the CPU cannot run it."""
     backend = NativeAttentionBackend(spec)
     if path == "avx512-cascade" and not backend._kernel.has_avx512():
         pytest.skip("this CPU lacks AVX-512: only the AVX2 path runs here")
-    return NativeAttentionBackend(spec, path)
+    return NativeAttentionBackend(spec, path, prefill_path=PREFILL_OF[path])
 
 
 def attend(step, path: str | None = None) -> torch.Tensor:
@@ -151,10 +154,12 @@ def test_shared_prefix_blocks_and_thread_splits(make_random_step, threads, path,
 
 
 @needs_kernel
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kv_dtype", POOL_DTYPES)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("window", [None, 21])
-def test_prefill_kernel_tiles_and_thread_shares(make_random_step, threads, window, kv_dtype):
+def test_prefill_kernel_tiles_and_thread_shares(make_random_step, threads, window, kv_dtype,
+                                                path):
     """Prefill chunks of many 16-position tiles over cached context, in requests sharing a
     prefix's blocks, spread over 1-3 threads by cost: the prefill kernel matches torch, and
     the decode token between them is the decode kernel's."""
@@ -165,7 +170,7 @@ def test_prefill_kernel_tiles_and_thread_shares(make_random_step, threads, windo
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        assert_matches_torch(step, "avx2")
+        assert_matches_torch(step, path)
     finally:
         torch.set_num_threads(previous)
 
@@ -182,6 +187,9 @@ def test_prefill_path_switch(make_random_step, monkeypatch):
     native = NativeAttentionBackend(step.spec)
     assert native.prefill_path == "native"
     assert isinstance(native.plan(step.meta).prefill, PrefillRows)
+    if not native._kernel.has_avx512():
+        with pytest.raises(ValueError, match="native-avx512 needs AVX-512"):
+            NativeAttentionBackend(step.spec, prefill_path="native-avx512")
     monkeypatch.setenv("CONVEYOR_PREFILL_ATTENTION", "torch")
     via_torch = NativeAttentionBackend(step.spec)
     assert via_torch.prefill_path == "torch"
@@ -202,9 +210,9 @@ def test_prefill_kernel_refuses_bad_rows(make_random_step):
     meta = step.meta
     lens, tables = meta.seq_lens, meta.block_tables
 
-    def call(tables=tables, lens=lens, starts=(0, 5), qlens=(5, 2), query=step.query):
+    def call(tables=tables, lens=lens, starts=(0, 5), qlens=(5, 2), query=step.query, isa=0):
         kernel.paged_prefill_attention(out, query, step.kv_cache, tables, lens,
-                                       torch.tensor(starts), torch.tensor(qlens), 1.0, 0)
+                                       torch.tensor(starts), torch.tensor(qlens), 1.0, 0, isa)
 
     call()  # the rows as they are pass
     bad_block = tables.clone()
@@ -219,6 +227,8 @@ def test_prefill_kernel_refuses_bad_rows(make_random_step):
         call(lens=lens.int())
     with pytest.raises(RuntimeError, match="query must be a float32 .* with contiguous heads"):
         call(query=step.query.transpose(0, 1).contiguous().transpose(0, 1))
+    with pytest.raises(RuntimeError, match="isa must be 0 .auto., 1 .AVX2. or 2 .AVX-512., got 3"):
+        call(isa=3)
 
 
 @needs_kernel

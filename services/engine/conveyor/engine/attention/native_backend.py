@@ -89,12 +89,18 @@ class NativeAttentionBackend:
         self.use_kernel_path(kernel_path)
         prefill_path = prefill_path_from_env() if prefill_path is None else prefill_path
         if prefill_path not in PREFILL_PATHS:
-            raise ValueError(f"prefill_path {prefill_path!r} is not one of {PREFILL_PATHS}")
+            raise ValueError(f"prefill_path {prefill_path!r} is not one of "
+                             f"{tuple(PREFILL_PATHS)}")
+        if prefill_path == "native-avx512" and not self._kernel.has_avx512():
+            raise ValueError("prefill_path native-avx512 needs AVX-512, which this CPU lacks")
         self.prefill_path = prefill_path
+        self._prefill_isa = PREFILL_PATHS[prefill_path]
         self._torch = TorchAttentionBackend(spec)
+        wide = self._prefill_isa == 2 or (self._prefill_isa == 0 and self._kernel.has_avx512())
+        prefill = ("torch SDPA" if self._prefill_isa is None
+                   else f"its prefill kernel ({'avx512' if wide else 'avx2'})")
         log.info("attention backend native: decode tokens through the C++ kernel %s (%s), "
-                 "prefill chunks through %s", self._kernel.__file__, self.kernel_path,
-                 "its prefill kernel" if prefill_path == "native" else "torch SDPA")
+                 "prefill chunks through %s", self._kernel.__file__, self.kernel_path, prefill)
 
     def use_kernel_path(self, kernel_path: str) -> None:
         """Decode through `kernel_path` from now on (a key of native_kernel.KERNEL_PATHS)."""
@@ -113,7 +119,7 @@ class NativeAttentionBackend:
                                        meta.seq_lens.contiguous(), None)
         query_lens = meta.query_start_loc.diff()
         decode_rows = (query_lens == 1).nonzero().squeeze(1)
-        if self.prefill_path == "torch":
+        if self._prefill_isa is None:
             prefill = build_plan(meta, self.spec.sliding_window, with_decode=False)
         else:
             rows = (query_lens > 1).nonzero().squeeze(1)
@@ -154,7 +160,7 @@ class NativeAttentionBackend:
         self._kernel.paged_prefill_attention(out, query, kv_cache, prefill.block_tables,
                                              prefill.seq_lens, prefill.query_starts,
                                              prefill.query_lens, self.spec.scale,
-                                             self.spec.sliding_window or 0)
+                                             self.spec.sliding_window or 0, self._prefill_isa)
         return out
 
     def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor,

@@ -25,9 +25,10 @@ KERNEL_PATHS = {"auto": 0, "avx2": 1, "avx512-cascade": 2}
 F/DQ/BW/VL, else AVX2; the others force one (the A/B benchmarks, and tests that cover the
 AVX2 path on an AVX-512 machine)."""
 
-PREFILL_PATHS = ("native", "torch")
-"""Where the backend sends prefill chunks: its prefill kernel, or the torch backend's gather +
-SDPA (the A/B switch CONVEYOR_PREFILL_ATTENTION)."""
+PREFILL_PATHS = {"native": 0, "native-avx2": 1, "native-avx512": 2, "torch": None}
+"""Where the backend sends prefill chunks (the A/B switch CONVEYOR_PREFILL_ATTENTION): its
+prefill kernel on the widest path the CPU runs (native) or on one forced, by the kernel's `isa`
+argument; or the torch backend's gather + SDPA (torch)."""
 
 
 def prefill_path_from_env() -> str:

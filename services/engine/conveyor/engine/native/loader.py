@@ -1,8 +1,8 @@
 """Build a C++ torch extension once, cache it on disk, import it.
 
 A build lives in `<cache root>/<name>-<key>/`, the key hashing the sources and csrc/'s
-headers, the flags, torch's and Python's versions and the machine, so a changed source or a
-new torch gets a fresh folder and an old build is never loaded against the wrong ABI. A
+headers and .inc bodies, the flags, torch's and Python's versions and the machine, so a changed
+source or a new torch gets a fresh folder and an old build is never loaded against the wrong ABI. A
 finished build leaves a `built` stamp; with it present the library is imported directly,
 with no compiler or ninja involved (an image built once runs anywhere the same torch is).
 Concurrent first builds of one key are serialized by an flock in the folder.
@@ -49,7 +49,8 @@ def build_dir(name: str, sources: Sequence[Path], cflags: Sequence[str]) -> Path
     digest = hashlib.sha256()
     for part in (torch.__version__, sys.version, platform.machine(), *cflags):
         digest.update(part.encode() + b"\0")
-    for source in (*sources, *sorted(CSRC.glob("*.h"))):  # the headers they may include
+    # the headers and included bodies they may include
+    for source in (*sources, *sorted(CSRC.glob("*.h")), *sorted(CSRC.glob("*.inc"))):
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     return cache_root() / f"{name}-{digest.hexdigest()[:16]}"
 

@@ -38,12 +38,9 @@ namespace {
 using conveyor_native::cpu_has_avx512;
 using conveyor_native::Pool;
 using conveyor_native::exp_nonpositive;
+using conveyor_native::exp_nonpositive512;
 using conveyor_native::hmax;
 using conveyor_native::horizontal_sum;
-using conveyor_native::kExpPoly;
-using conveyor_native::kLn2High;
-using conveyor_native::kLn2Low;
-using conveyor_native::kLog2e;
 using conveyor_native::load8;
 using conveyor_native::prefetch_row;
 using conveyor_native::widen_rows;
@@ -231,19 +228,6 @@ void attend_items(const Pool<T>& pool, const Batch& batch, int64_t begin, int64_
 
 // ---------------------------------------------------------------------------------------------
 // The cascade (AVX-512).
-
-
-// e^x for x <= 0, as exp_nonpositive (same reduction and polynomial), 16 lanes.
-CONVEYOR_AVX512 inline __m512 exp_nonpositive512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), r);
-  __m512 p = _mm512_set1_ps(kExpPoly[0]);
-  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
-  return _mm512_scalef_ps(p, n);
-}
 
 // A group: the query rows of the items whose block at a column is the same (block id, kv
 // head, token range). Row j is grp.row[j] of the thread's rows: its query q[row * D] (scaled),
@@ -637,7 +621,7 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
 void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                              torch::Tensor block_tables, torch::Tensor seq_lens,
                              torch::Tensor query_starts, torch::Tensor query_lens, double scale,
-                             int64_t sliding_window);
+                             int64_t sliding_window, int64_t isa);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
@@ -647,7 +631,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "Prefill attention (chunks of query tokens, causal over the request's context) read in "
-        "place from the paged KV pool (fp32 or fp16, AVX2)",
+        "place from the paged KV pool (fp32 or fp16; isa 0 auto, 1 AVX2, 2 AVX-512)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("store_kv", &conveyor_native::store_kv,
         "Write fp32 key and value rows [T, Hkv, D] into the paged pool (fp32, or fp16 rounded "

@@ -1,7 +1,10 @@
-// What the attention kernels' online softmax shares: e^x for x <= 0 and the 8-lane maximum.
+// What the attention kernels' online softmax shares: e^x for x <= 0 (8 and 16 lanes) and the
+// 8-lane maximum.
 #pragma once
 
 #include <immintrin.h>
+
+#include "cpu_isa.h"
 
 namespace conveyor_native {
 
@@ -23,6 +26,18 @@ inline __m256 exp_nonpositive(__m256 x) {
   const __m256i bits = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// e^x for x <= 0, as exp_nonpositive (same reduction and polynomial), 16 lanes.
+CONVEYOR_AVX512 inline __m512 exp_nonpositive512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  return _mm512_scalef_ps(p, n);
 }
 
 inline float hmax(__m256 v) {
