@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.detok.decode_options import DecodeOptions, decode_full
+from conveyor.detok.decode_options import DecodeOptions, decode_full, id_decoder
 from conveyor.detok.detokenizer import Detokenizer
 
 IM_START, IM_END = 1, 2
@@ -62,3 +62,26 @@ def test_prompt_ending_mid_character_does_not_leak_into_output(tokenizer):
 def test_output_ending_mid_character_is_flushed_at_finish(tokenizer):
     out = deltas(tokenizer, [*tokenizer.encode("ok"), SMILE_HEAD])
     assert out[-2:] == ["", "\ufffd"]
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_id_decoder_is_the_tokenizers_decode(tokenizer, skip):
+    decode = id_decoder(tokenizer, skip)
+    assert decode.func == tokenizer.backend_tokenizer.decode  # the direct path is taken
+    examples = [[IM_START, *tokenizer.encode("Hi 😀 你好"), IM_END], [SMILE_HEAD], [], [0, 17, 300]]
+    for ids in examples:
+        assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=skip)
+
+
+class _CleaningTokenizer:
+    """A tokenizer whose decode post-processes the backend's text."""
+
+    backend_tokenizer = object()
+    clean_up_tokenization_spaces = True
+
+    def decode(self, ids, skip_special_tokens=False):
+        return f"clean {ids} {skip_special_tokens}"
+
+
+def test_id_decoder_keeps_a_clean_up_step():
+    assert id_decoder(_CleaningTokenizer(), True)([5]) == "clean [5] True"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from functools import partial
-
-from conveyor.detok.decode_options import DecodeOptions, added_token_ids, special_token_ids
+from conveyor.detok.decode_options import (
+    DecodeOptions,
+    added_token_ids,
+    id_decoder,
+    special_token_ids,
+)
 from conveyor.detok.incremental_decoder import REPLACEMENT_CHAR, IncrementalDecoder
 
 MAX_CONTEXT_TOKENS = 6
@@ -30,7 +33,7 @@ class Detokenizer:
         self._options = options
         self._special = special_token_ids(tokenizer)
         self._added = added_token_ids(tokenizer)
-        self._decode = partial(tokenizer.decode, skip_special_tokens=options.skip_special_tokens)
+        self._decode = id_decoder(tokenizer, options.skip_special_tokens)
         self._run = IncrementalDecoder(self._decode, self._context_of(prompt_tail_ids))
         self._has_text = False
         """Spaced mode: some segment already produced text (the next one needs a space)."""
