@@ -1,7 +1,7 @@
 """CPU per output token of each process of the served pipeline, old code against new.
 
 Starts the pipeline (tokenizer, engine, detok, gateway as processes, as `make run` does)
-from each `--repo` in turn, round after round (A, B, A, B, ...), and at each concurrency
+from each `--repo` in turn, round after round (A B, B A, A B, ...), and at each concurrency
 sends `--num-requests` streaming completions (256-token random prompts, 64 output tokens,
 ignore_eos) after a warm-up. Around each measured run it reads every service's CPU
 seconds (utime + stime of the process and its live descendants, /proc/<pid>/stat), this
@@ -93,6 +93,13 @@ def wakeups(pid: int, proc: Path = Path("/proc")) -> int:
         except OSError:
             continue  # the thread ended while being read
     return total
+
+
+def round_order(repos: list[Repo], round_index: int) -> list[Repo]:
+    """The repos in their order in even rounds, reversed in odd ones (A B, B A, A B, ...), so
+    that a machine that drifts during a round does not favour the repo that always runs first
+    (identical code read 1.16x apart at c16 in a run that always started with the base)."""
+    return list(repos) if round_index % 2 == 0 else list(reversed(repos))
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -248,8 +255,8 @@ def main(argv=None) -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="pipeline-cpu-"))
     print(f"service logs in {log_dir}")
     rows = []
-    for _ in range(args.rounds):
-        for repo in args.repo:
+    for round_index in range(args.rounds):
+        for repo in round_order(args.repo, round_index):
             rows += run_repo(repo, args, maker, log_dir)
     summary = summarize(rows)
     print("\nmean over rounds:")

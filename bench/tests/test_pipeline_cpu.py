@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from bench.pipeline_cpu import (
     ms_per_token,
     parse_switches,
     repo_pythonpath,
+    round_order,
     summarize,
     wakeups,
     with_others,
@@ -98,3 +100,9 @@ def test_arguments():
     assert args.engine_env == [("", "CONVEYOR_ENGINE_WEIGHT_FORMAT", "q4_1_int8"),
                                ("a", "GRPC_EXPERIMENTS", "-x,-y")]
     assert args.service_env == [["a", "GRPC_EXPERIMENTS", "-x,-y"]]
+
+
+def test_rounds_alternate_which_repo_goes_first():
+    a, b = Repo("a", Path("/a")), Repo("b", Path("/b"))
+    assert [[r.name for r in round_order([a, b], i)] for i in range(3)] == [
+        ["a", "b"], ["b", "a"], ["a", "b"]]
