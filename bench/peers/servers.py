@@ -52,10 +52,13 @@ class PeerProcess:
                                           stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while not self._healthy(health_url):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
+            code = self._proc.poll()
+            if code is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"{self.name} did not become ready in {timeout_s:.0f} s; "
-                                   f"its log ({self.log_path}) ends:\n{self.log_tail()}")
+                why = (f"exited with status {code} before it was ready" if code is not None
+                       else f"did not become ready in {timeout_s:.0f} s")
+                raise RuntimeError(f"{self.name} {why}; its log ({self.log_path}) ends:\n"
+                                   f"{self.log_tail()}")
             time.sleep(0.5)  # polling a starting server's health: the wait has a deadline
         return self
 
