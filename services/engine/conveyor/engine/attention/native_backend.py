@@ -96,7 +96,8 @@ class NativeAttentionBackend:
         self.prefill_path = prefill_path
         self._prefill_isa = PREFILL_PATHS[prefill_path]
         self._torch = TorchAttentionBackend(spec)
-        wide = self._prefill_isa == 2 or (self._prefill_isa == 0 and self._kernel.has_avx512())
+        wide = prefill_path == "native-avx512" or (prefill_path == "native"
+                                                    and self._kernel.has_avx512())
         prefill = ("torch SDPA" if self._prefill_isa is None
                    else f"its prefill kernel ({'avx512' if wide else 'avx2'})")
         log.info("attention backend native: decode tokens through the C++ kernel %s (%s), "
