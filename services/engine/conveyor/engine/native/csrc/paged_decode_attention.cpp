@@ -586,7 +586,7 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
   TORCH_CHECK(path == kAvx2 || cpu_has_avx512(), "path ", path, " needs AVX-512 (F, DQ, BW, "
               "VL), which this CPU lacks");
   conveyor_native::check_attention_tensors(out, query, kv_cache);
-  const int64_t num_seqs = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
+  const int64_t num_seqs = query.size(0), num_heads = query.size(1);
   const int64_t num_kv_heads = kv_cache.size(3);
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == num_seqs &&
               block_tables.is_contiguous() && block_tables.scalar_type() == at::kInt,
@@ -605,15 +605,10 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
                     tables, lens, block_tables.size(1), num_heads,
                     num_kv_heads, sliding_window, static_cast<float>(scale),
                     conveyor_native::row_stride(query)};
-  conveyor_native::with_pool_type(kv_cache, [&](auto element) {
+  conveyor_native::with_pool_shape(kv_cache, [&](auto element, auto dim) {
     using T = decltype(element);
-    const Pool<T> pool = conveyor_native::pool_of<T>(kv_cache);
-    switch (head_dim) {
-      case 32: return attend<32>(pool, batch, num_seqs, path);
-      case 64: return attend<64>(pool, batch, num_seqs, path);
-      case 128: return attend<128>(pool, batch, num_seqs, path);
-      default: TORCH_CHECK(false, "head_dim ", head_dim, " is not one of 32, 64, 128");
-    }
+    constexpr int D = decltype(dim)::value;
+    attend<D>(conveyor_native::pool_of<T>(kv_cache), batch, num_seqs, path);
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu_isa.h"
 
@@ -99,6 +100,21 @@ template <typename F>
 decltype(auto) with_pool_type(const torch::Tensor& kv_cache, F&& f) {
   if (kv_cache.scalar_type() == at::kHalf) return f(at::Half{});
   return f(float{});
+}
+
+// f(T{}, std::integral_constant<int, D>{}) with T the pool's element type and D its head_dim,
+// one of the head sizes the kernels are instantiated for (native_kernel.HEAD_DIMS).
+template <typename F>
+void with_pool_shape(const torch::Tensor& kv_cache, F&& f) {
+  const int64_t head_dim = kv_cache.size(4);
+  with_pool_type(kv_cache, [&](auto element) {
+    switch (head_dim) {
+      case 32: return f(element, std::integral_constant<int, 32>{});
+      case 64: return f(element, std::integral_constant<int, 64>{});
+      case 128: return f(element, std::integral_constant<int, 128>{});
+      default: TORCH_CHECK(false, "head_dim ", head_dim, " is not one of 32, 64, 128");
+    }
+  });
 }
 
 // Every block of row `row` of tables [R, width] holding tokens 0..len - 1 is a block of the pool.

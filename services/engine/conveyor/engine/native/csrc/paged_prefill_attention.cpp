@@ -221,7 +221,7 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
   const bool wide =
       conveyor_native::resolve_isa(isa, "paged_prefill_attention") == conveyor_native::kIsaAvx512;
   conveyor_native::check_attention_tensors(out, query, kv_cache);
-  const int64_t num_tokens = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
+  const int64_t num_tokens = query.size(0), num_heads = query.size(1);
   const int64_t num_kv_heads = kv_cache.size(3), block_size = kv_cache.size(2);
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: none)");
   const int64_t num_requests = seq_lens.size(0);
@@ -250,14 +250,9 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
   const Batch batch{query.data_ptr<float>(), out.data_ptr<float>(), tables, lens, starts, qlens,
                     width, num_heads, num_kv_heads, sliding_window, static_cast<float>(scale),
                     conveyor_native::row_stride(query)};
-  conveyor_native::with_pool_type(kv_cache, [&](auto element) {
+  conveyor_native::with_pool_shape(kv_cache, [&](auto element, auto dim) {
     using T = decltype(element);
-    const Pool<T> pool = conveyor_native::pool_of<T>(kv_cache);
-    switch (head_dim) {
-      case 32: return attend<32>(pool, batch, num_requests, wide);
-      case 64: return attend<64>(pool, batch, num_requests, wide);
-      case 128: return attend<128>(pool, batch, num_requests, wide);
-      default: TORCH_CHECK(false, "head_dim ", head_dim, " is not one of 32, 64, 128");
-    }
+    constexpr int D = decltype(dim)::value;
+    attend<D>(conveyor_native::pool_of<T>(kv_cache), batch, num_requests, wide);
   });
 }
