@@ -4,7 +4,7 @@ C++ kernel reading the pool in place) on each of its code paths, at SmolLM2-135M
 30 layers' pools.
 
     .venv/bin/python bench/decode_attention.py [--threads 2] [--layers 30] [--repeats 7]
-        [--paths avx2 avx512-cascade] [--fp16-pools]
+        [--paths avx2 avx512-cascade avx512] [--fp16-pools]
 
 Scenarios: N in {16, 64} x context in {256, 768}, plain (every request its own blocks)
 and shared-prefix (the first 2/3 of the context, 512 of 768 / 160 of 256 tokens, in
@@ -122,14 +122,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seqs", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 768])
-    parser.add_argument("--paths", nargs="+", default=["avx2", "avx512-cascade"],
+    parser.add_argument("--paths", nargs="+", default=["avx2", "avx512-cascade", "avx512"],
                         help="native kernel paths to time (native_kernel.KERNEL_PATHS)")
     parser.add_argument("--fp16-pools", action="store_true",
                         help="also run each native path over the pools rounded to fp16")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     if not load_decode_kernel().has_avx512():
-        args.paths = [path for path in args.paths if path != "avx512-cascade"]
+        args.paths = [path for path in args.paths if not path.startswith("avx512")]
     torch.set_num_threads(args.threads)
     bandwidth = read_bandwidth_gbs()
     print(f"threads {args.threads}, load average {os.getloadavg()[0]:.2f}, "

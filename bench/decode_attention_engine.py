@@ -7,7 +7,7 @@ workloads (random-token prompts, 64 output tokens, ignore_eos):
            after the first request's prefill)
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.decode_attention_engine [--threads 2]
-        [--rounds 2] [--backends native:avx2 native:avx512-cascade]
+        [--rounds 2] [--backends native:avx2 native:avx512-cascade native:avx512]
 
 A setting is `torch` or `native:<kernel path>` (native_kernel.KERNEL_PATHS). Prints per
 round, workload and setting: output tok/s, TPOT p50 (ms), TTFT p50 (ms), and the steady
@@ -72,7 +72,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--backends", nargs="+", default=["native:avx2", "native:avx512-cascade"])
+    parser.add_argument("--backends", nargs="+",
+                        default=["native:avx2", "native:avx512-cascade", "native:avx512"])
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}, threads {args.threads}")

@@ -31,17 +31,17 @@ needs_kernel = pytest.mark.skipif(
     reason="no C++ compiler or no AVX2 on this machine: the native kernel cannot build")
 
 
-PATHS = ("avx2", "avx512-cascade")
+PATHS = ("avx2", "avx512-cascade", "avx512")
 """The kernel paths every native test runs on (native_kernel.KERNEL_PATHS but auto): the
 decode kernel's, each with the prefill kernel on the same instruction set (PREFILL_OF)."""
-PREFILL_OF = {"avx2": "native-avx2", "avx512-cascade": "native-avx512"}
+PREFILL_OF = {"avx2": "native-avx2", "avx512-cascade": "native-avx512", "avx512": "native-avx512"}
 
 
 def native_backend(spec, path: str) -> NativeAttentionBackend:
     """The native backend forced onto `path` (decode) and PREFILL_OF[path] (prefill); skips
     the test where the CPU cannot run it."""
     backend = NativeAttentionBackend(spec)
-    if path == "avx512-cascade" and not backend._kernel.has_avx512():
+    if path.startswith("avx512") and not backend._kernel.has_avx512():
         pytest.skip("this CPU lacks AVX-512: only the AVX2 path runs here")
     return NativeAttentionBackend(spec, path, prefill_path=PREFILL_OF[path])
 
@@ -232,16 +232,18 @@ def test_prefill_kernel_refuses_bad_rows(make_random_step):
 
 
 @needs_kernel
+@pytest.mark.parametrize("path", ["avx512-cascade", "avx512"])
 @pytest.mark.parametrize("kv_dtype", POOL_DTYPES)
 @pytest.mark.parametrize("num_sharing", [3, 6, 11, 17])
 @pytest.mark.parametrize(("block_size", "group", "head_dim", "window"),
                          [(16, 3, 64, None), (4, 1, 32, None), (8, 4, 128, 30), (5, 2, 64, 23)])
 def test_cascade_groups_requests_sharing_blocks(make_random_step, block_size, group, head_dim,
-                                                window, num_sharing, kv_dtype):
+                                                window, num_sharing, kv_dtype, path):
     """Requests on two cached prefixes, interleaved, the first prefix's group of query rows
     from `num_sharing` requests (row counts that fill 16-row vectors, a last 8, or neither),
     one prefix ending inside a block they share, then each request's own blocks: the cascade
-    (one pass over a shared block for all its requests' rows) matches torch."""
+    (one pass over a shared block for all its requests' rows) matches torch, with either
+    per-item code for the groups it leaves to one request."""
     lengths = [41 + 7 * (i % 5) for i in range(2 * num_sharing)]
     step = make_random_step(block_size=block_size, num_kv_heads=3, group=group,
                             head_dim=head_dim, seqs=[(n, 1) for n in lengths],
@@ -253,7 +255,7 @@ def test_cascade_groups_requests_sharing_blocks(make_random_step, block_size, gr
     previous = torch.get_num_threads()
     torch.set_num_threads(1)  # every request in one thread's range: the largest groups
     try:
-        assert_matches_torch(step, "avx512-cascade")
+        assert_matches_torch(step, path)
     finally:
         torch.set_num_threads(previous)
 
@@ -263,13 +265,14 @@ def test_kernel_paths_by_name(make_random_step):
     step = make_random_step(block_size=4, num_kv_heads=1, group=2, head_dim=32, seqs=[(5, 1)])
     auto = NativeAttentionBackend(step.spec)
     has_avx512 = auto._kernel.has_avx512()
-    assert auto.kernel_path == ("avx512-cascade" if has_avx512 else "avx2")
+    assert auto.kernel_path == ("avx512" if has_avx512 else "avx2")
     assert create_backend("native", step.spec).kernel_path == auto.kernel_path
     with pytest.raises(ValueError, match="kernel_path 'avx9' is not one of"):
         NativeAttentionBackend(step.spec, "avx9")
     if not has_avx512:
-        with pytest.raises(ValueError, match="needs AVX-512"):
-            NativeAttentionBackend(step.spec, "avx512-cascade")
+        for path in ("avx512-cascade", "avx512"):
+            with pytest.raises(ValueError, match="needs AVX-512"):
+                NativeAttentionBackend(step.spec, path)
 
 
 @needs_kernel
@@ -291,8 +294,8 @@ def test_kernel_refuses_bad_tables_and_lengths(make_random_step):
         call(meta.block_tables, torch.tensor([6, 0]))
     with pytest.raises(RuntimeError, match="block_tables must be a contiguous int32"):
         call(meta.block_tables.long(), meta.seq_lens)
-    with pytest.raises(RuntimeError, match="path 3 is not one of 0..2"):
-        call(meta.block_tables, meta.seq_lens, path=3)
+    with pytest.raises(RuntimeError, match="path 4 is not one of 0..3"):
+        call(meta.block_tables, meta.seq_lens, path=4)
 
 
 @needs_kernel

@@ -108,8 +108,8 @@ class NativeAttentionBackend:
         if kernel_path not in KERNEL_PATHS:
             raise ValueError(f"kernel_path {kernel_path!r} is not one of {list(KERNEL_PATHS)}")
         if kernel_path == "auto":
-            kernel_path = "avx512-cascade" if self._kernel.has_avx512() else "avx2"
-        elif kernel_path == "avx512-cascade" and not self._kernel.has_avx512():
+            kernel_path = "avx512" if self._kernel.has_avx512() else "avx2"
+        elif kernel_path.startswith("avx512") and not self._kernel.has_avx512():
             raise ValueError(f"kernel_path {kernel_path} needs AVX-512, which this CPU lacks")
         self.kernel_path = kernel_path
         self._path = KERNEL_PATHS[kernel_path]

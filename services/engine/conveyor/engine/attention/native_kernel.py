@@ -19,11 +19,12 @@ EXTENSION = "conveyor_paged_attention"
 SOURCES = ("paged_decode_attention.cpp", "paged_prefill_attention.cpp")
 HEAD_DIMS = (32, 64, 128)
 """Head sizes the kernel is instantiated for."""
-KERNEL_PATHS = {"auto": 0, "avx2": 1, "avx512-cascade": 2}
-"""The kernel's code paths by name (its `path` argument): auto takes the AVX-512 cascade
-(requests sharing a block at a column take it in one pass) where the CPU has AVX-512
-F/DQ/BW/VL, else AVX2; the others force one (the A/B benchmarks, and tests that cover the
-AVX2 path on an AVX-512 machine)."""
+KERNEL_PATHS = {"auto": 0, "avx2": 1, "avx512-cascade": 2, "avx512": 3}
+"""The kernel's code paths by name (its `path` argument): auto takes avx512 where the CPU has
+AVX-512 F/DQ/BW/VL (the cascade: requests sharing a block at a column take it in one pass; a
+request's own blocks in 16-lane code), else avx2; avx512-cascade is the cascade with the AVX2
+per-item code (the earlier default, kept as the A/B baseline). Forcing one serves the A/B
+benchmarks and the tests that cover every path on an AVX-512 machine."""
 
 PREFILL_PATHS = {"native": 0, "native-avx2": 1, "native-avx512": 2, "torch": None}
 """Where the backend sends prefill chunks (the A/B switch CONVEYOR_PREFILL_ATTENTION): its

@@ -18,7 +18,8 @@
 //            softmax across the tokens' vectors, values accumulated 6 rows at a time, so
 //            each key and value row is loaded once for all the group's rows; each row keeps
 //            its own online softmax state. Smaller groups (a request's own blocks) take the
-//            AVX2 code per item.
+//            per-item code in 16 lanes (path 3, the default) or the AVX2 one (path 2, the
+//            A/B baseline: as fast where zmm FMAs retire at half the ymm rate).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -41,6 +42,7 @@ using conveyor_native::exp_nonpositive;
 using conveyor_native::exp_nonpositive512;
 using conveyor_native::hmax;
 using conveyor_native::horizontal_sum;
+using conveyor_native::load16;
 using conveyor_native::load8;
 using conveyor_native::prefetch_row;
 using conveyor_native::widen_rows;
@@ -153,6 +155,118 @@ void block_update(const T* v, int64_t token_stride, int64_t t0, int64_t t1, int6
       for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(p, load8(v0 + 8 * c), a[c]);
     }
     for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The per-item code in 16 lanes (AVX-512): block_scores and block_update with zmm, for the
+// groups the cascade leaves to one item (a request's own blocks). Same arithmetic in another
+// order of sums; a key or value row's D elements are D / 16 loads.
+
+// The sums of a, b, c, d (16 lanes each) in lanes 0..3.
+CONVEYOR_AVX512 inline __m128 reduce4_512(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // 128-bit lanes: ab = [a0+a2, a1+a3, b0+b2, b1+b3], then abcd = [a, b, c, d] (4 floats each)
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
+  x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));  // every float: its lane's sum
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), x));
+}
+
+// scores[g][t] = q[g] . k[t] for the block's tokens t0..t1, 8 tokens at a time (eight
+// independent FMA chains), each reduced with three others.
+template <int D, typename T>
+CONVEYOR_AVX512 void block_scores512(const float* q, const T* k, int64_t token_stride,
+                                     int64_t t0, int64_t t1, int64_t G, int64_t bs,
+                                     float* scores) {
+  constexpr int C = D / 16;
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 qv[C];
+    for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + g * D + 16 * c);
+    float* s = scores + g * bs;
+    int64_t t = t0;
+    for (; t + 8 <= t1; t += 8) {
+      const T* k0 = k + t * token_stride;
+      __m512 a[8];
+      for (int j = 0; j < 8; ++j) a[j] = _mm512_setzero_ps();
+      for (int c = 0; c < C; ++c)
+        for (int j = 0; j < 8; ++j)
+          a[j] = _mm512_fmadd_ps(qv[c], load16(k0 + j * token_stride + 16 * c), a[j]);
+      _mm_storeu_ps(s + t, reduce4_512(a[0], a[1], a[2], a[3]));
+      _mm_storeu_ps(s + t + 4, reduce4_512(a[4], a[5], a[6], a[7]));
+    }
+    for (; t + 4 <= t1; t += 4) {
+      const T* k0 = k + t * token_stride;
+      __m512 a[4];
+      for (int j = 0; j < 4; ++j) a[j] = _mm512_setzero_ps();
+      for (int c = 0; c < C; ++c)
+        for (int j = 0; j < 4; ++j)
+          a[j] = _mm512_fmadd_ps(qv[c], load16(k0 + j * token_stride + 16 * c), a[j]);
+      _mm_storeu_ps(s + t, reduce4_512(a[0], a[1], a[2], a[3]));
+    }
+    for (; t < t1; ++t) {
+      const T* k0 = k + t * token_stride;
+      __m512 a = _mm512_setzero_ps();
+      for (int c = 0; c < C; ++c) a = _mm512_fmadd_ps(qv[c], load16(k0 + 16 * c), a);
+      s[t] = _mm512_reduce_add_ps(a);
+    }
+  }
+}
+
+// block_update in 16 lanes: the block's scores masked 16 at a time; the values accumulated
+// in two sets of chains (even and odd tokens) where D / 16 chains alone would wait on the
+// FMA latency.
+template <int D, typename T>
+CONVEYOR_AVX512 void block_update512(const T* v, int64_t token_stride, int64_t t0, int64_t t1,
+                                     int64_t G, int64_t bs, float* scores, RowState st) {
+  constexpr int C = D / 16;
+  constexpr int S = C < 8 ? 2 : 1;  // accumulator sets
+  for (int64_t g = 0; g < G; ++g) {
+    float* s = scores + g * bs;
+    __m512 vmax = _mm512_set1_ps(kNegInf);
+    for (int64_t t = t0; t < t1; t += 16) {
+      const __mmask16 m = t1 - t >= 16 ? 0xFFFF : (__mmask16)((1u << (t1 - t)) - 1);
+      vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), m, s + t));
+    }
+    const float block_max = _mm512_reduce_max_ps(vmax);
+    const float new_max = std::max(st.max[g], block_max);
+    // 0 for the first block; 1 (no exp) while the running maximum holds
+    const float correction = new_max == st.max[g] ? 1.0f : std::exp(st.max[g] - new_max);
+    st.max[g] = new_max;
+    const __m512 m = _mm512_set1_ps(new_max);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t t = t0; t < t1; t += 16) {
+      const __mmask16 k = t1 - t >= 16 ? 0xFFFF : (__mmask16)((1u << (t1 - t)) - 1);
+      const __m512 p = exp_nonpositive512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), m));
+      vsum = _mm512_mask_add_ps(vsum, k, vsum, p);
+      _mm512_mask_storeu_ps(s + t, k, p);
+    }
+    st.sum[g] = st.sum[g] * correction + _mm512_reduce_add_ps(vsum);
+    float* acc = st.acc + g * D;
+    __m512 a[S][C];
+    const __m512 corr = _mm512_set1_ps(correction);
+    for (int c = 0; c < C; ++c) {
+      a[0][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), corr);
+      if constexpr (S == 2) a[1][c] = _mm512_setzero_ps();
+    }
+    int64_t t = t0;
+    for (; t + S <= t1; t += S)
+      for (int r = 0; r < S; ++r) {
+        const __m512 p = _mm512_set1_ps(s[t + r]);
+        const T* v0 = v + (t + r) * token_stride;
+        for (int c = 0; c < C; ++c) a[r][c] = _mm512_fmadd_ps(p, load16(v0 + 16 * c), a[r][c]);
+      }
+    for (; t < t1; ++t) {
+      const __m512 p = _mm512_set1_ps(s[t]);
+      const T* v0 = v + t * token_stride;
+      for (int c = 0; c < C; ++c) a[0][c] = _mm512_fmadd_ps(p, load16(v0 + 16 * c), a[0][c]);
+    }
+    for (int c = 0; c < C; ++c) {
+      if constexpr (S == 2) a[0][c] = _mm512_add_ps(a[0][c], a[1][c]);
+      _mm512_storeu_ps(acc + 16 * c, a[0][c]);
+    }
   }
 }
 
@@ -482,11 +596,12 @@ Span span_at(const Pool<T>& pool, const Batch& batch, int64_t item, int64_t col)
 // head whose spans are the same form a group (each compared with the last kRecentLeaders
 // groups of its head, so grouping stays O(items)); groups are walked in the order of their
 // first item. A group of more than kLaneRows rows (3 or more requests sharing the block at
-// G = 3) takes the lane layout; smaller ones take the AVX2 code per item, which is as fast
-// as 16-lane code for 3 rows here (this Zen 5 retires half as many zmm as ymm FMAs).
+// G = 3) takes the lane layout; smaller ones take the per-item code: in 16 lanes with
+// zmm_items, else the AVX2 code (as fast on a CPU that retires half as many zmm as ymm FMAs,
+// as an earlier Zen 5 VM did; where zmm FMAs run at the ymm rate the 16-lane code is faster).
 template <int D, typename T>
 CONVEYOR_AVX512 void attend_items_cascade(const Pool<T>& pool, const Batch& batch, int64_t begin,
-                                          int64_t end) {
+                                          int64_t end, bool zmm_items) {
   constexpr int kRecentLeaders = 4;
   const int64_t Hkv = batch.num_kv_heads, G = batch.num_heads / Hkv, n = end - begin;
   const int64_t bs = pool.block_size;
@@ -542,11 +657,20 @@ CONVEYOR_AVX512 void attend_items_cascade(const Pool<T>& pool, const Batch& batc
       }
       for (int64_t j = 0; j < num_rows; j += G) {
         const int64_t first_row = rows[j];
-        block_scores<D>(q.data() + first_row * D, pool.keys + sp.offset, pool.token_stride,
-                        sp.t0, sp.t1, G, bs, scores.data());
-        block_update<D>(pool.values + sp.offset, pool.token_stride, sp.t0, sp.t1, G, bs,
-                        scores.data(), RowState{max.data() + first_row, sum.data() + first_row,
-                                                acc.data() + first_row * D});
+        const float* qi = q.data() + first_row * D;
+        const RowState state{max.data() + first_row, sum.data() + first_row,
+                             acc.data() + first_row * D};
+        if (zmm_items) {
+          block_scores512<D>(qi, pool.keys + sp.offset, pool.token_stride, sp.t0, sp.t1, G, bs,
+                             scores.data());
+          block_update512<D>(pool.values + sp.offset, pool.token_stride, sp.t0, sp.t1, G, bs,
+                             scores.data(), state);
+        } else {
+          block_scores<D>(qi, pool.keys + sp.offset, pool.token_stride, sp.t0, sp.t1, G, bs,
+                          scores.data());
+          block_update<D>(pool.values + sp.offset, pool.token_stride, sp.t0, sp.t1, G, bs,
+                          scores.data(), state);
+        }
       }
     }
   }
@@ -561,7 +685,8 @@ CONVEYOR_AVX512 void attend_items_cascade(const Pool<T>& pool, const Batch& batc
 }
 
 // Kernel paths (the `path` argument): the best this CPU runs, or one forced (A/B, tests).
-enum Path : int64_t { kAuto = 0, kAvx2 = 1, kAvx512Cascade = 2 };
+// kAvx512Cascade: the cascade with the AVX2 per-item code; kAvx512: with the 16-lane one.
+enum Path : int64_t { kAuto = 0, kAvx2 = 1, kAvx512Cascade = 2, kAvx512 = 3 };
 
 template <int D, typename T>
 void attend(const Pool<T>& pool, const Batch& batch, int64_t num_seqs, int64_t path) {
@@ -569,20 +694,20 @@ void attend(const Pool<T>& pool, const Batch& batch, int64_t num_seqs, int64_t p
     if (path == kAvx2)
       attend_items<D>(pool, batch, begin, end);
     else
-      attend_items_cascade<D>(pool, batch, begin, end);
+      attend_items_cascade<D>(pool, batch, begin, end, path == kAvx512);
   });
 }
 
 }  // namespace
 
 // out[n] = softmax(q[n] K^T * scale) V over the first seq_lens[n] tokens of sequence n's
-// blocks (the last sliding_window of them when sliding_window > 0). path: kAuto (AVX-512
-// with the cascade where the CPU has it, else AVX2), or one of the others forced.
+// blocks (the last sliding_window of them when sliding_window > 0). path: kAuto (AVX-512,
+// the cascade and 16-lane per-item code, where the CPU has it, else AVX2), or one forced.
 void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache,
                             torch::Tensor block_tables, torch::Tensor seq_lens, double scale,
                             int64_t sliding_window, int64_t path) {
-  TORCH_CHECK(path >= kAuto && path <= kAvx512Cascade, "path ", path, " is not one of 0..2");
-  if (path == kAuto) path = cpu_has_avx512() ? kAvx512Cascade : kAvx2;
+  TORCH_CHECK(path >= kAuto && path <= kAvx512, "path ", path, " is not one of 0..3");
+  if (path == kAuto) path = cpu_has_avx512() ? kAvx512 : kAvx2;
   TORCH_CHECK(path == kAvx2 || cpu_has_avx512(), "path ", path, " needs AVX-512 (F, DQ, BW, "
               "VL), which this CPU lacks");
   conveyor_native::check_attention_tensors(out, query, kv_cache);
@@ -621,7 +746,7 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
         "Decode attention read in place from the paged KV pool (fp32 or fp16; path 0 auto, "
-        "1 AVX2, 2 AVX-512 with the shared-block cascade)",
+        "1 AVX2, 2 AVX-512 shared-block cascade with AVX2 per-item code, 3 AVX-512 throughout)",
         // tensors only inside: the GIL is released while it runs, as ATen's ops do
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("paged_prefill_attention", &paged_prefill_attention,

@@ -31,6 +31,12 @@ inline __m256 load8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// Sixteen pool elements from p as fp32 (AVX-512 code only).
+CONVEYOR_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+CONVEYOR_AVX512 inline __m512 load16(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // D fp16 elements from src as fp32 at dst.
 template <int D>
 inline void widen_row(const at::Half* src, float* dst) {
