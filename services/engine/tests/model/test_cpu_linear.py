@@ -64,12 +64,14 @@ def test_few_rows_take_the_gemv_on_the_row_major_weight_more_rows_onednn(
     monkeypatch.setattr(ops, "fp32_linear", gemv_spy)
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", packed_spy)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    for rows in range(1, GEMV_MAX_ROWS + 2):
+    most = GEMV_MAX_ROWS[ops.isa_name(cpu_linear.GEMV_ISAS[isa])]
+    assert cpu.gemv_max_rows == most
+    for rows in range(1, most + 2):
         x = torch.randn(rows, 32)
         torch.testing.assert_close(cpu(x), linear(x), rtol=1e-5, atol=1e-5)
     code = cpu_linear.GEMV_ISAS[isa]
-    assert gemv_calls == [(rows, code) for rows in range(1, GEMV_MAX_ROWS + 1)]
-    assert packed_calls == [GEMV_MAX_ROWS + 1]
+    assert gemv_calls == [(rows, code) for rows in range(1, most + 1)]
+    assert packed_calls == [most + 1]
 
 
 @needs_onednn

@@ -21,7 +21,7 @@ def relative_error(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 11, 16, 23])
 @pytest.mark.parametrize(("out_features", "in_features"),
                          [(1, 1), (5, 17), (13, 31), (40, 96), (192, 576), (577, 1537)])
 @pytest.mark.parametrize("bias", [False, True])

@@ -5,8 +5,8 @@ from DRAM; docs/performance.md, change 7 and issue 19): MKL's GEMM runs 1.2-1.6x
 than oneDNN with a prepacked weight from 2 to 1,024 rows, so larger steps go through
 oneDNN. A decode step of a few rows reads every weight byte once for 2 flops per byte
 per row, so it is bound by how fast the weights stream from DRAM: up to GEMV_MAX_ROWS
-rows go through native/csrc/fp32_gemv.cpp (a streaming GEMV on the row-major weight,
-AVX-512 or AVX2), which reads them faster than oneDNN's GEMM does. A layer keeps its
+rows (4 on AVX2, 16 on AVX-512) go through native/csrc/fp32_gemv.cpp (a streaming GEMV on
+the row-major weight), which reads them faster than oneDNN's GEMM does. A layer keeps its
 weight twice: row-major for the GEMV, oneDNN-packed for the rest. Where the GEMV cannot
 be built (no compiler, no AVX2; logged once) the old split holds: the weight is kept
 column-major and one row on one thread takes MKL's GEMV on it. All compute in fp32 with
@@ -34,8 +34,10 @@ max_num_batched_tokens); measured within noise of a 16-row hint at 2-32 rows."""
 
 GEMV_EXTENSION = "conveyor_fp32_gemv"
 GEMV_SOURCES = ("fp32_gemv.cpp",)
-GEMV_MAX_ROWS = 4
-"""Steps of at most this many rows take the streaming GEMV (bench/linear_kernels.py)."""
+GEMV_MAX_ROWS = {"avx2": 4, "avx512": 16}
+"""Steps of at most this many rows take the streaming GEMV, by the code path it runs
+(bench/linear_kernels.py: on AVX-512 its tiles of 4 weight rows x 6 rows of x beat
+oneDNN's packed GEMM up to 16 rows; on AVX2 it keeps to the few-row steps it was tuned on)."""
 GEMV_ISAS = {"auto": 0, "avx2": 1, "avx512": 2}
 GEMV_ISA = GEMV_ISAS.get(switch("CONVEYOR_FP32_GEMV"), 0)
 """The GEMV's code path: CONVEYOR_FP32_GEMV=avx2 or avx512 forces one (auto: AVX-512 where
@@ -65,7 +67,7 @@ def gemv_ops() -> ModuleType | None:
         logger.warning("fp32 GEMV unavailable, using oneDNN/MKL for few-row steps: %s", exc)
         return None
     logger.info("fp32 GEMV: native (%s, %s) for steps of up to %d rows", GEMV_EXTENSION, isa,
-                GEMV_MAX_ROWS)
+                GEMV_MAX_ROWS[isa])
     return module
 
 
@@ -84,7 +86,7 @@ def onednn_packing_available(dtype: torch.dtype) -> bool:
 
 
 class CpuLinear(nn.Module):
-    """`y = x W^T + b` for x [..., in]: up to GEMV_MAX_ROWS rows through the streaming
+    """`y = x W^T + b` for x [..., in]: up to gemv_max_rows rows through the streaming
     fp32 GEMV on a row-major weight, more through oneDNN's packed GEMM. Without the GEMV
     (not fp32, not built), one row on one thread goes through MKL's GEMV on a column-major
     weight instead. `weight` stays an [out, in] parameter (contiguous, or a transposed view
@@ -96,6 +98,9 @@ class CpuLinear(nn.Module):
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self._gemv = (gemv_ops() if gemv and weight.dtype == torch.float32
                       and weight.device.type == "cpu" else None)
+        self.gemv_max_rows = (0 if self._gemv is None
+                              else GEMV_MAX_ROWS[self._gemv.isa_name(GEMV_ISA)])
+        """Steps of up to this many rows take the GEMV (0: none do)."""
         stored = (weight.detach().contiguous() if self._gemv is not None
                   else weight.detach().t().contiguous().t())
         self.weight = nn.Parameter(stored, requires_grad=False)
@@ -114,12 +119,12 @@ class CpuLinear(nn.Module):
 
     @property
     def streams(self) -> bool:
-        """Whether steps of up to GEMV_MAX_ROWS rows take the streaming GEMV."""
+        """Whether steps of up to gemv_max_rows rows take the streaming GEMV."""
         return self._gemv is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if rows <= GEMV_MAX_ROWS and self._gemv is not None:
+        if rows <= self.gemv_max_rows:
             return self._gemv.fp32_linear(x, self.weight, self.bias, GEMV_ISA)
         if self._packed is None or (rows == 1 and torch.get_num_threads() == 1):
             return F.linear(x, self.weight, self.bias)

@@ -48,6 +48,10 @@ constexpr int64_t kPrefetchTiles = FP32_GEMV_PREFETCH_TILES;
 constexpr _mm_hint kHint = _MM_HINT_T1;  // into L2: measured quicker than L1 (T0) or NTA
 constexpr int kMaxR512 = 4;
 constexpr int kMaxR256 = 2;
+// Steps of more than kMaxR512 rows (AVX-512): tiles of kWideN weight rows, each pass over a
+// tile taking kWideR rows of x (24 accumulators; the tile is re-read from L1/L2 per pass).
+constexpr int kWideN = 4;
+constexpr int kWideR = 6;
 
 
 // ---- AVX-512 -------------------------------------------------------------------------
@@ -55,8 +59,11 @@ constexpr int kMaxR256 = 2;
 template <int NT, int R>
 CONVEYOR_AVX512 inline void tile_512(const float* w, int64_t K, const float* x, int64_t M, float* y,
                             int64_t N, const float* bias) {
-  const char* ahead = reinterpret_cast<const char*>(w) + kPrefetch +
-                      kPrefetchTiles * NT * K * static_cast<int64_t>(sizeof(float));
+  // a wide tile (passes over it: its first reads DRAM, the others L1/L2) asks for the next
+  // tile while it computes, so DRAM keeps streaming through the later passes
+  constexpr int64_t tiles_ahead = NT == kWideN ? 1 : kPrefetchTiles;
+  const char* ahead = reinterpret_cast<const char*>(w) + (NT == kWideN ? 0 : kPrefetch) +
+                      tiles_ahead * NT * K * static_cast<int64_t>(sizeof(float));
   __m512 acc[NT][R];
   for (int i = 0; i < NT; ++i)
     for (int r = 0; r < R; ++r) acc[i][r] = _mm512_setzero_ps();
@@ -65,7 +72,7 @@ CONVEYOR_AVX512 inline void tile_512(const float* w, int64_t K, const float* x, 
     __m512 xv[R];
     for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * K + k);
     for (int i = 0; i < NT; ++i) {
-      if ((kPrefetch > 0 || kPrefetchTiles > 0) && (k & 15) == 0)
+      if (kPrefetch > 0 || tiles_ahead > 0)
         _mm_prefetch(ahead + (i * K + k) * sizeof(float), kHint);
       const __m512 wv = _mm512_loadu_ps(w + i * K + k);
       for (int r = 0; r < R; ++r) acc[i][r] = _mm512_fmadd_ps(wv, xv[r], acc[i][r]);
@@ -80,9 +87,17 @@ CONVEYOR_AVX512 inline void tile_512(const float* w, int64_t K, const float* x, 
       for (int r = 0; r < R; ++r) acc[i][r] = _mm512_fmadd_ps(wv, xv[r], acc[i][r]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < NT; ++i)
-      y[r * N + i] = _mm512_reduce_add_ps(acc[i][r]) + (bias ? bias[i] : 0.0f);
+  if constexpr (NT == 4) {  // the four weight rows' sums of an x row at once
+    const __m128 b = bias ? _mm_loadu_ps(bias) : _mm_setzero_ps();
+    for (int r = 0; r < R; ++r)
+      _mm_storeu_ps(y + r * N,
+                    _mm_add_ps(conveyor_native::reduce4_512(acc[0][r], acc[1][r], acc[2][r],
+                                                            acc[3][r]), b));
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < NT; ++i)
+        y[r * N + i] = _mm512_reduce_add_ps(acc[i][r]) + (bias ? bias[i] : 0.0f);
+  }
 }
 
 // One weight row against one x row (the single-stream decode case): four accumulators, so
@@ -125,9 +140,28 @@ CONVEYOR_AVX512 inline void rows_512(const float* w, int64_t K, const float* x, 
   }
 }
 
+// kWideN weight rows against every row of x, kWideR rows a pass.
+CONVEYOR_AVX512 inline void rows_wide_512(const float* w, int64_t K, const float* x, int64_t M,
+                                          float* y, int64_t N, const float* bias) {
+  int64_t r = 0;
+  for (; r + kWideR <= M; r += kWideR)
+    tile_512<kWideN, kWideR>(w, K, x + r * K, M, y + r * N, N, bias);
+  switch (M - r) {
+    case 5: tile_512<kWideN, 5>(w, K, x + r * K, M, y + r * N, N, bias); break;
+    case 4: tile_512<kWideN, 4>(w, K, x + r * K, M, y + r * N, N, bias); break;
+    case 3: tile_512<kWideN, 3>(w, K, x + r * K, M, y + r * N, N, bias); break;
+    case 2: tile_512<kWideN, 2>(w, K, x + r * K, M, y + r * N, N, bias); break;
+    case 1: tile_512<kWideN, 1>(w, K, x + r * K, M, y + r * N, N, bias); break;
+    default: break;
+  }
+}
+
 CONVEYOR_AVX512 void columns_512(const float* w, int64_t K, const float* x, int64_t M, float* y,
                         int64_t N, const float* bias, int64_t n0, int64_t n1) {
   int64_t n = n0;
+  if (M > kMaxR512)
+    for (; n + kWideN <= n1; n += kWideN)
+      rows_wide_512(w + n * K, K, x, M, y + n, N, bias ? bias + n : nullptr);
   for (; n + kTileN <= n1; n += kTileN)
     rows_512<kTileN>(w + n * K, K, x, M, y + n, N, bias ? bias + n : nullptr);
   for (; n < n1; ++n) rows_512<1>(w + n * K, K, x, M, y + n, N, bias ? bias + n : nullptr);

@@ -45,6 +45,7 @@ using conveyor_native::horizontal_sum;
 using conveyor_native::load16;
 using conveyor_native::load8;
 using conveyor_native::prefetch_row;
+using conveyor_native::reduce4_512;
 using conveyor_native::widen_rows;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -162,18 +163,6 @@ void block_update(const T* v, int64_t token_stride, int64_t t0, int64_t t1, int6
 // The per-item code in 16 lanes (AVX-512): block_scores and block_update with zmm, for the
 // groups the cascade leaves to one item (a request's own blocks). Same arithmetic in another
 // order of sums; a key or value row's D elements are D / 16 loads.
-
-// The sums of a, b, c, d (16 lanes each) in lanes 0..3.
-CONVEYOR_AVX512 inline __m128 reduce4_512(__m512 a, __m512 b, __m512 c, __m512 d) {
-  // 128-bit lanes: ab = [a0+a2, a1+a3, b0+b2, b1+b3], then abcd = [a, b, c, d] (4 floats each)
-  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
-  __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-  x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
-  x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));  // every float: its lane's sum
-  return _mm512_castps512_ps128(
-      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), x));
-}
 
 // scores[g][t] = q[g] . k[t] for the block's tokens t0..t1, 8 tokens at a time (eight
 // independent FMA chains), each reduced with three others.
