@@ -126,34 +126,25 @@ CONVEYOR_AVX512 inline void tile_512<1, 1>(const float* w, int64_t K, const floa
   y[0] = _mm512_reduce_add_ps(sum) + (bias ? bias[0] : 0.0f);
 }
 
-template <int NT>
-CONVEYOR_AVX512 inline void rows_512(const float* w, int64_t K, const float* x, int64_t M, float* y,
-                            int64_t N, const float* bias) {
-  int64_t r = 0;
-  for (; r + kMaxR512 <= M; r += kMaxR512)
-    tile_512<NT, kMaxR512>(w, K, x + r * K, M, y + r * N, N, bias);
-  switch (M - r) {
-    case 3: tile_512<NT, 3>(w, K, x + r * K, M, y + r * N, N, bias); break;
-    case 2: tile_512<NT, 2>(w, K, x + r * K, M, y + r * N, N, bias); break;
-    case 1: tile_512<NT, 1>(w, K, x + r * K, M, y + r * N, N, bias); break;
-    default: break;
+// The last `rest` (< R + 1) rows of x against NT weight rows, in one tile.
+template <int NT, int R>
+CONVEYOR_AVX512 inline void rest_512(const float* w, int64_t K, const float* x, int64_t M,
+                                     float* y, int64_t N, const float* bias, int64_t rest) {
+  if constexpr (R >= 1) {
+    if (rest == R)
+      tile_512<NT, R>(w, K, x, M, y, N, bias);
+    else
+      rest_512<NT, R - 1>(w, K, x, M, y, N, bias, rest);
   }
 }
 
-// kWideN weight rows against every row of x, kWideR rows a pass.
-CONVEYOR_AVX512 inline void rows_wide_512(const float* w, int64_t K, const float* x, int64_t M,
-                                          float* y, int64_t N, const float* bias) {
+// NT weight rows against every row of x, R rows a pass, the rest in one more.
+template <int NT, int R>
+CONVEYOR_AVX512 inline void rows_512(const float* w, int64_t K, const float* x, int64_t M, float* y,
+                            int64_t N, const float* bias) {
   int64_t r = 0;
-  for (; r + kWideR <= M; r += kWideR)
-    tile_512<kWideN, kWideR>(w, K, x + r * K, M, y + r * N, N, bias);
-  switch (M - r) {
-    case 5: tile_512<kWideN, 5>(w, K, x + r * K, M, y + r * N, N, bias); break;
-    case 4: tile_512<kWideN, 4>(w, K, x + r * K, M, y + r * N, N, bias); break;
-    case 3: tile_512<kWideN, 3>(w, K, x + r * K, M, y + r * N, N, bias); break;
-    case 2: tile_512<kWideN, 2>(w, K, x + r * K, M, y + r * N, N, bias); break;
-    case 1: tile_512<kWideN, 1>(w, K, x + r * K, M, y + r * N, N, bias); break;
-    default: break;
-  }
+  for (; r + R <= M; r += R) tile_512<NT, R>(w, K, x + r * K, M, y + r * N, N, bias);
+  rest_512<NT, R - 1>(w, K, x + r * K, M, y + r * N, N, bias, M - r);
 }
 
 CONVEYOR_AVX512 void columns_512(const float* w, int64_t K, const float* x, int64_t M, float* y,
@@ -161,10 +152,11 @@ CONVEYOR_AVX512 void columns_512(const float* w, int64_t K, const float* x, int6
   int64_t n = n0;
   if (M > kMaxR512)
     for (; n + kWideN <= n1; n += kWideN)
-      rows_wide_512(w + n * K, K, x, M, y + n, N, bias ? bias + n : nullptr);
+      rows_512<kWideN, kWideR>(w + n * K, K, x, M, y + n, N, bias ? bias + n : nullptr);
   for (; n + kTileN <= n1; n += kTileN)
-    rows_512<kTileN>(w + n * K, K, x, M, y + n, N, bias ? bias + n : nullptr);
-  for (; n < n1; ++n) rows_512<1>(w + n * K, K, x, M, y + n, N, bias ? bias + n : nullptr);
+    rows_512<kTileN, kMaxR512>(w + n * K, K, x, M, y + n, N, bias ? bias + n : nullptr);
+  for (; n < n1; ++n)
+    rows_512<1, kMaxR512>(w + n * K, K, x, M, y + n, N, bias ? bias + n : nullptr);
 }
 
 // ---- AVX2 + FMA ----------------------------------------------------------------------
