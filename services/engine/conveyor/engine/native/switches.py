@@ -20,9 +20,9 @@ class Switch:
 SWITCHES = MappingProxyType({
     "CONVEYOR_FP32_GEMV": Switch(
         ("auto", "avx2", "avx512", "off"),
-        "fp32 decode steps of up to 4 rows through the streaming GEMV (native/csrc/"
-        "fp32_gemv.cpp): auto takes AVX-512 where the CPU has it, avx2/avx512 force a path, "
-        "off leaves every step to oneDNN/MKL."),
+        "fp32 decode steps of up to 4 rows (AVX2) or 16 (AVX-512) through the streaming GEMV "
+        "(native/csrc/fp32_gemv.cpp): auto takes AVX-512 where the CPU has it, avx2/avx512 force "
+        "a path, off leaves every step to oneDNN/MKL."),
     "CONVEYOR_SWIGLU": Switch(
         ("auto", "avx2", "avx512", "off"),
         "The MLP's silu(gate) * up in one C++ pass (fused_layer_ops.cpp): auto takes AVX-512 "
