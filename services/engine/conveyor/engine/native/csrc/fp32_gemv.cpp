@@ -11,7 +11,10 @@
 // a masked load. The defaults (1-row tiles, 4 KB ahead into L2, four accumulators for one
 // row) were the quickest of the variants tried on the 2-core EPYC at 1-8 rows (4-row tiles
 // with 1-2 tiles ahead, 0-4 KB ahead into L1 or L2 or non-temporal, one accumulator);
-// -DFP32_GEMV_TILE_N / _PREFETCH / _PREFETCH_TILES build the others.
+// -DFP32_GEMV_TILE_N / _PREFETCH / _PREFETCH_TILES build the others. On AVX-512, steps of
+// more than 4 rows (up to cpu_linear.GEMV_MAX_ROWS) take wide tiles instead: kWideN weight
+// rows x kWideR rows of x a pass, the next tile prefetched into L2 during this one's passes
+// (a -DFP32_GEMV_TILE_N=4 build gives its few-row tiles that prefetch too).
 //
 // Two code paths, chosen at run time: AVX-512 (16 lanes, functions compiled with a target
 // attribute, so the library itself needs only -mavx2 -mfma) when the CPU has avx512f, else
