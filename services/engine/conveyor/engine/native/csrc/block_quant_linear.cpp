@@ -150,7 +150,7 @@ CONVEYOR_AVX512 inline Block512 weights_q8_0_512(const int8_t* qs, float d) {
 // count (<= kChunk) fp16 values to fp32; out has room for a whole last vector.
 CONVEYOR_AVX512 inline void halves_to_floats(const uint16_t* in, float* out, int64_t count) {
   for (int64_t i = 0; i < count; i += 16) {
-    const __mmask16 lanes = count - i >= 16 ? 0xFFFF : (1u << (count - i)) - 1;
+    const __mmask16 lanes = conveyor_native::first_lanes16(count - i);
     _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, in + i)));
   }
 }

@@ -1,5 +1,5 @@
 // What the engine's C++ kernels share: the CPU features that pick their code paths, the
-// 8-lane horizontal sum and the 16-lane sums of four vectors at once. The libraries are
+// 8-lane horizontal sum, the 16-lane sums of four vectors at once and tail masks. The libraries are
 // built for AVX2 + FMA + F16C (loader.py's CPU_CFLAGS); their AVX-512 functions carry
 // target attributes and run only where cpu_has_avx512() says so, so one build (an image's)
 // runs on either kind of host.
@@ -60,14 +60,22 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// The mask of a 16-lane vector's first n lanes (all 16 from n = 16 up): a masked tail.
+inline __mmask16 first_lanes16(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+}
+
 // The sums of a, b, c, d (16 lanes each) in lanes 0..3.
 CONVEYOR_AVX512 inline __m128 reduce4_512(__m512 a, __m512 b, __m512 c, __m512 d) {
   // 128-bit lanes: ab = [a0+a2, a1+a3, b0+b2, b1+b3], then abcd = [a, b, c, d] (4 floats each)
-  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
-  __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  const __m512 ab =
+      _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd =
+      _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  __m512 x =
+      _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
   x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
-  x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));  // every float: its lane's sum
+  x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));  // each: its lane's sum
   return _mm512_castps512_ps128(
       _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), x));
 }

@@ -82,7 +82,7 @@ CONVEYOR_AVX512 inline void tile_512(const float* w, int64_t K, const float* x, 
     }
   }
   if (k < K) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1);
+    const __mmask16 mask = conveyor_native::first_lanes16(K - k);
     __m512 xv[R];
     for (int r = 0; r < R; ++r) xv[r] = _mm512_maskz_loadu_ps(mask, x + r * K + k);
     for (int i = 0; i < NT; ++i) {
@@ -121,7 +121,7 @@ CONVEYOR_AVX512 inline void tile_512<1, 1>(const float* w, int64_t K, const floa
   for (; k + 16 <= K; k += 16)
     a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
   if (k < K) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1);
+    const __mmask16 mask = conveyor_native::first_lanes16(K - k);
     a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, w + k), _mm512_maskz_loadu_ps(mask, x + k),
                          a1);
   }

@@ -201,7 +201,7 @@ CONVEYOR_AVX512 void silu_mul_row_512(const float* g, const float* u, float* out
     _mm512_storeu_ps(out + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
   }
   if (i < n) {  // the tail, masked
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = conveyor_native::first_lanes16(n - i);
     const __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
     const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, exp_512(_mm512_sub_ps(zero, gv))));
     _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));

@@ -40,6 +40,7 @@ using conveyor_native::cpu_has_avx512;
 using conveyor_native::Pool;
 using conveyor_native::exp_nonpositive;
 using conveyor_native::exp_nonpositive512;
+using conveyor_native::first_lanes16;
 using conveyor_native::hmax;
 using conveyor_native::horizontal_sum;
 using conveyor_native::load16;
@@ -164,8 +165,22 @@ void block_update(const T* v, int64_t token_stride, int64_t t0, int64_t t1, int6
 // groups the cascade leaves to one item (a request's own blocks). Same arithmetic in another
 // order of sums; a key or value row's D elements are D / 16 loads.
 
-// scores[g][t] = q[g] . k[t] for the block's tokens t0..t1, 8 tokens at a time (eight
-// independent FMA chains), each reduced with three others.
+// s[0..J) = q . k[j] for J (4 or 8) tokens from k0: J independent FMA chains, reduced four
+// at a time.
+template <int D, int J, typename T>
+CONVEYOR_AVX512 inline void token_scores512(const __m512* qv, const T* k0, int64_t token_stride,
+                                            float* s) {
+  __m512 a[J];
+  for (int j = 0; j < J; ++j) a[j] = _mm512_setzero_ps();
+  for (int c = 0; c < D / 16; ++c)
+    for (int j = 0; j < J; ++j)
+      a[j] = _mm512_fmadd_ps(qv[c], load16(k0 + j * token_stride + 16 * c), a[j]);
+  for (int j = 0; j < J; j += 4)
+    _mm_storeu_ps(s + j, reduce4_512(a[j], a[j + 1], a[j + 2], a[j + 3]));
+}
+
+// scores[g][t] = q[g] . k[t] for the block's tokens t0..t1, 8 tokens at a time, then 4,
+// then one by one.
 template <int D, typename T>
 CONVEYOR_AVX512 void block_scores512(const float* q, const T* k, int64_t token_stride,
                                      int64_t t0, int64_t t1, int64_t G, int64_t bs,
@@ -176,25 +191,10 @@ CONVEYOR_AVX512 void block_scores512(const float* q, const T* k, int64_t token_s
     for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + g * D + 16 * c);
     float* s = scores + g * bs;
     int64_t t = t0;
-    for (; t + 8 <= t1; t += 8) {
-      const T* k0 = k + t * token_stride;
-      __m512 a[8];
-      for (int j = 0; j < 8; ++j) a[j] = _mm512_setzero_ps();
-      for (int c = 0; c < C; ++c)
-        for (int j = 0; j < 8; ++j)
-          a[j] = _mm512_fmadd_ps(qv[c], load16(k0 + j * token_stride + 16 * c), a[j]);
-      _mm_storeu_ps(s + t, reduce4_512(a[0], a[1], a[2], a[3]));
-      _mm_storeu_ps(s + t + 4, reduce4_512(a[4], a[5], a[6], a[7]));
-    }
-    for (; t + 4 <= t1; t += 4) {
-      const T* k0 = k + t * token_stride;
-      __m512 a[4];
-      for (int j = 0; j < 4; ++j) a[j] = _mm512_setzero_ps();
-      for (int c = 0; c < C; ++c)
-        for (int j = 0; j < 4; ++j)
-          a[j] = _mm512_fmadd_ps(qv[c], load16(k0 + j * token_stride + 16 * c), a[j]);
-      _mm_storeu_ps(s + t, reduce4_512(a[0], a[1], a[2], a[3]));
-    }
+    for (; t + 8 <= t1; t += 8)
+      token_scores512<D, 8>(qv, k + t * token_stride, token_stride, s + t);
+    for (; t + 4 <= t1; t += 4)
+      token_scores512<D, 4>(qv, k + t * token_stride, token_stride, s + t);
     for (; t < t1; ++t) {
       const T* k0 = k + t * token_stride;
       __m512 a = _mm512_setzero_ps();
@@ -216,7 +216,7 @@ CONVEYOR_AVX512 void block_update512(const T* v, int64_t token_stride, int64_t t
     float* s = scores + g * bs;
     __m512 vmax = _mm512_set1_ps(kNegInf);
     for (int64_t t = t0; t < t1; t += 16) {
-      const __mmask16 m = t1 - t >= 16 ? 0xFFFF : (__mmask16)((1u << (t1 - t)) - 1);
+      const __mmask16 m = first_lanes16(t1 - t);
       vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), m, s + t));
     }
     const float block_max = _mm512_reduce_max_ps(vmax);
@@ -227,7 +227,7 @@ CONVEYOR_AVX512 void block_update512(const T* v, int64_t token_stride, int64_t t
     const __m512 m = _mm512_set1_ps(new_max);
     __m512 vsum = _mm512_setzero_ps();
     for (int64_t t = t0; t < t1; t += 16) {
-      const __mmask16 k = t1 - t >= 16 ? 0xFFFF : (__mmask16)((1u << (t1 - t)) - 1);
+      const __mmask16 k = first_lanes16(t1 - t);
       const __m512 p = exp_nonpositive512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), m));
       vsum = _mm512_mask_add_ps(vsum, k, vsum, p);
       _mm512_mask_storeu_ps(s + t, k, p);
