@@ -7,7 +7,9 @@ step (exclusive time: a part's own time minus the parts inside it):
   schedule        the scheduler's schedule() + update_from_output()
   step inputs     StepInputBuilder.build (flattening the SchedulerOutput into tensors)
   attention plan  the backend's per-step plan
-  linear          every CpuLinear (q/k/v, o, gate/up, down, lm_head)
+  linear          every CpuLinear or QuantizedLinear (q/k/v, o, gate/up, down, lm_head)
+  logits          compute_logits minus its linear (the tied head's F.linear where no
+                  CpuLinear or QuantizedLinear replaced it)
   attention       the attention backend's forward (K/V store, gather, SDPA)
   rmsnorm         RMSNorm (2 per layer + the final one), with the residual add before it
   rotary          the cos/sin lookup and the q/k rotation
@@ -73,6 +75,7 @@ def instrument(llm, timer: PartTimer) -> None:
     """Wrap the parts of `llm`'s step (instance attributes, so only this engine)."""
     from conveyor.engine.model import llama
     from conveyor.engine.model.cpu_linear import CpuLinear
+    from conveyor.engine.model.quantized_linear import QuantizedLinear
     from conveyor.engine.model.rms_norm import RMSNorm
 
     core = llm.core
@@ -85,10 +88,11 @@ def instrument(llm, timer: PartTimer) -> None:
     runner.backend.plan = timer.wrap("attention plan", runner.backend.plan)
     runner.backend.forward = timer.wrap("attention", runner.backend.forward)
     runner.sampler.sample = timer.wrap("sampling", runner.sampler.sample)
+    model.compute_logits = timer.wrap("logits", model.compute_logits)
     model.model.rotary_emb.lookup = timer.wrap("rotary", model.model.rotary_emb.lookup)
     llama.apply_rotary = timer.wrap("rotary", llama.apply_rotary)
     for module in model.modules():
-        if isinstance(module, CpuLinear):
+        if isinstance(module, (CpuLinear, QuantizedLinear)):
             module.forward = timer.wrap("linear", module.forward)
         elif isinstance(module, RMSNorm):
             module.forward = timer.wrap("rmsnorm", module.forward)

@@ -14,7 +14,8 @@ serving runs; per row a quantized layer computes the same at any row count.
         [--threads 2] [--rounds 3] [--decode-tokens 64] [--rows 1,2,4,8,16] [--json PATH]
 
 A format may name a variant of its block kernels: `q4_1@REV` runs the kernels of commit REV
-(native/csrc/block_quant_linear.cpp built from git, an A/B of a kernel change in one run),
+(native/csrc/ as it was at REV, built from git: an A/B of a kernel change in one run; the
+int8 formats of a commit before their 8-row packing get their weights in the plain layout),
 `q4_1/avx2` forces the AVX2 code path. A `+kv16` suffix (`fp32+kv16`) runs the format over
 an fp16 KV pool (CONVEYOR_ENGINE_KV_CACHE_DTYPE=float16): its accuracy columns are then the
 cost of the rounded keys and values (with the format's own).
@@ -62,7 +63,9 @@ NUM_AGREEMENT_TOKENS = 64
 PROMPT_LEN = 256
 
 
-KERNEL_SOURCE = "services/engine/conveyor/engine/native/csrc/block_quant_linear.cpp"
+KERNEL_DIR = "services/engine/conveyor/engine/native/csrc"
+KERNEL_SOURCES = ("block_quant_linear.cpp", "rows8_i8_linear.cpp")
+"""The block kernels' sources (the second from the int8 formats' 8-row packing on)."""
 
 
 def build_llm(weight_format: str, threads: int):
@@ -82,6 +85,8 @@ def build_llm(weight_format: str, threads: int):
     for layer in quantized_layers(llm):
         if kernels is not None:
             layer.weights._kernels = kernels
+            if _takes_plain_int8(kernels) and hasattr(layer.weights, "qs8"):
+                layer.weights = PlainInt8Weight(layer.weights, kernels)
         if isa == "avx2":
             layer.weights.isa = ISA_AVX2
     return llm
@@ -99,20 +104,53 @@ class _WithoutIsa:
 
 
 def kernels_at(rev: str):
-    """The block kernels as commit `rev` wrote them, built under their own name."""
+    """The block kernels as commit `rev` wrote them (its whole csrc/, so its headers too),
+    built under their own name."""
     import subprocess
+    import tarfile
     import tempfile
+    from io import BytesIO
 
     from conveyor.engine.model.quantized_linear import _CFLAGS_EXTRA
     from conveyor.engine.native import CPU_CFLAGS, load_extension
 
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{KERNEL_SOURCE}"],
-                            check=True, capture_output=True, text=True).stdout
-    path = Path(tempfile.gettempdir()) / f"block_quant_linear_{rev}.cpp"
-    path.write_text(source)
-    module = load_extension(f"conveyor_block_quant_linear_{rev}", [path],
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", f"{rev}:{KERNEL_DIR}"],
+                             check=True, capture_output=True).stdout
+    folder = Path(tempfile.mkdtemp(prefix=f"conveyor-csrc-{rev}-"))
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    sources = [folder / name for name in KERNEL_SOURCES if (folder / name).exists()]
+    module = load_extension(f"conveyor_block_quant_linear_{rev}", sources,
                             extra_cflags=(*CPU_CFLAGS, *_CFLAGS_EXTRA))
     return module if "isa" in module.q4_1_linear.__doc__ else _WithoutIsa(module)
+
+
+def _takes_plain_int8(kernels) -> bool:
+    """Whether these int8 kernels predate the 8-row packing (they take qs, d[, m])."""
+    return "qs8" not in (kernels.q4_1_linear_i8.__doc__ or "")
+
+
+class PlainInt8Weight:
+    """An int8-format weight (Q4_1Int8Weight, Q8_0Int8Weight) as the kernels of a commit
+    before the 8-row packing take it: the plain blocks, one weight row after another."""
+
+    def __init__(self, packed, kernels) -> None:
+        self._packed, self._kernels, self.isa = packed, kernels, packed.isa
+        self.qs, self.d = packed.qs.contiguous(), packed.d.contiguous()
+        self.m = packed.m.contiguous() if hasattr(packed, "dm8") else None
+        self.name = packed.name
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.m is None:
+            return self._kernels.q8_0_linear_i8(x, self.qs, self.d, self.isa)
+        return self._kernels.q4_1_linear_i8(x, self.qs, self.d, self.m, self.isa)
+
+    def dequantize(self) -> torch.Tensor:
+        return self._packed.dequantize()
+
+    @property
+    def nbytes(self) -> int:
+        return self._packed.nbytes
 
 
 def quantized_layers(llm):

@@ -94,10 +94,11 @@ def int8_isa(request, kernels) -> int:
 @pytest.mark.parametrize("weight_class", [Q8_0Int8Weight, Q4_1Int8Weight])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9])
 @pytest.mark.parametrize("cols", [160, 2080])  # a part group of 8 blocks; 65 blocks
+@pytest.mark.parametrize("out_features", [72, 13])  # 9 groups of 8 rows; a padded last group
 def test_int8_kernel_is_the_product_with_rounded_activations(int8_isa, weight_class, rows: int,
-                                                             cols: int) -> None:
+                                                             cols: int, out_features: int) -> None:
     torch.manual_seed(rows)
-    weights = weight_class(torch.randn(72, cols), isa=int8_isa)
+    weights = weight_class(torch.randn(out_features, cols), isa=int8_isa)
     x = torch.randn(rows, cols)
     x[0, :BLOCK] = 0.0  # an all-zero block (scale 0)
     rounded, scale = _round_activations(x)
@@ -110,10 +111,59 @@ def test_int8_kernel_is_the_product_with_rounded_activations(int8_isa, weight_cl
     out = weights.matmul(x)
     assert _relative_error(out, reference) < TOLERANCE
     # against the exact product: off by at most the rounding, sum_b (scale_b / 2) sum |w_b|
-    block_abs = weight.abs().reshape(72, -1, BLOCK).sum(-1)
+    assert out.shape == (rows, out_features)
+    block_abs = weight.abs().reshape(out_features, -1, BLOCK).sum(-1)
     bound = (scale.double()[:, None, :] / 2 * block_abs[None]).sum(-1)
     exact = x.double() @ weight.t()
     assert bool(((out.double() - exact).abs() <= bound + TOLERANCE * exact.abs().max()).all())
+
+
+@pytest.mark.parametrize("weight_class, plain_class", [(Q8_0Int8Weight, Q8_0Weight),
+                                                       (Q4_1Int8Weight, Q4_1Weight)])
+def test_int8_formats_pack_eight_rows_a_vector(kernels, weight_class, plain_class) -> None:
+    """The layout rows8_i8_linear.cpp reads: per group of 8 rows and block, byte 4j + t of the
+    block's p-th 32-byte vector is row j's block byte 4p + t; then the 8 rows' scales (and
+    q4_1's offsets). Unpacking gives the plain format's blocks back, the padding rows dropped."""
+    torch.manual_seed(0)
+    weight = torch.randn(13, 96)  # 2 groups (3 padding rows), 3 blocks
+    packed, plain = weight_class(weight), plain_class(weight)
+    block_bytes = plain.qs.shape[1] // 3
+    vectors = packed.qs8.reshape(2, 3, block_bytes // 4, 8, 4)  # group, block, p, row, t
+    for row, block, p, t in ((0, 0, 0, 0), (9, 2, 1, 3), (12, 1, block_bytes // 4 - 1, 2)):
+        byte = plain.qs[row, block * block_bytes + 4 * p + t]
+        assert vectors[row // 8, block, p, row % 8, t] == byte
+    assert bool((vectors[1, :, :, 5:] == 0).all()), "padding rows are zero"
+    scales = (packed.dm8 if weight_class is Q4_1Int8Weight else packed.d8).reshape(2, 3, -1, 8)
+    assert scales[1, 2, 0, 4] == plain.d[12, 2]
+    if weight_class is Q4_1Int8Weight:
+        assert scales[0, 1, 1, 3] == plain.m[3, 1]
+        assert torch.equal(packed.m, plain.m)
+    assert torch.equal(packed.qs, plain.qs) and torch.equal(packed.d, plain.d)
+    assert torch.equal(packed.dequantize(), plain.dequantize())
+
+
+@pytest.mark.parametrize("weight_class", [Q8_0Int8Weight, Q4_1Int8Weight])
+def test_int8_code_paths_agree_bit_for_bit(kernels, weight_class) -> None:
+    """AVX2 (maddubs + madd) and VNNI (vpdpbusd) sum the same integers, then do the same fp32
+    operations in the same order."""
+    if not kernels.has_vnni():
+        pytest.skip("this CPU lacks AVX-512 VNNI")
+    torch.manual_seed(1)
+    weights, x = weight_class(torch.randn(40, 2080)), torch.randn(6, 2080)
+    weights.isa = ql.ISA_AVX2
+    avx2 = weights.matmul(x)
+    weights.isa = ql.ISA_AVX512
+    assert torch.equal(weights.matmul(x), avx2)
+
+
+def test_int8_kernels_refuse_a_layout_that_does_not_fit(kernels) -> None:
+    weights, x = Q4_1Int8Weight(torch.randn(16, 64)), torch.randn(1, 64)
+    with pytest.raises(RuntimeError, match="packed weights must be contiguous bytes"):
+        kernels.q4_1_linear_i8(x, weights.qs8[:, :-1].contiguous(), weights.dm8)
+    with pytest.raises(RuntimeError, match="packed scales must be contiguous fp16"):
+        kernels.q8_0_linear_i8(x, Q8_0Int8Weight(torch.randn(16, 64)).qs8, weights.dm8)
+    with pytest.raises(RuntimeError, match="K must be a multiple of 32"):
+        kernels.q4_1_linear_i8(torch.randn(1, 48), weights.qs8, weights.dm8)
 
 
 def test_q4_1_int8_puts_the_vocabulary_projection_in_q8_0_int8(kernels) -> None:

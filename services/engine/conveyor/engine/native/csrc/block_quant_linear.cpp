@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "cpu_isa.h"
+#include "int8_activations.h"  // the int8 kernels bound below
 
 namespace {
 
@@ -210,152 +211,6 @@ CONVEYOR_AVX512 void output_rows_512(const float* x, float* y, int64_t M, int64_
   }
 }
 
-// ---- int8 activations (the q4_1_int8 format) ------------------------------------------
-//
-// llama.cpp's scheme: each block of 32 activations is rounded once per call to int8 with its
-// own scale (dx = max|x| / 127, xq = round(x / dx), the sum of the block's fp32 x kept for
-// q4_1's offset term), and a block's dot product is integer:
-//   y = sum_b d_b dx_b sum_j q_bj xq_bj  (+ sum_b m_b sum_j x_bj for q4_1).
-// A block's 32 products are 8 int32 lanes (AVX-512 VNNI vpdpbusd, u8 x s8; AVX2 maddubs +
-// madd); the lanes of 8 blocks are summed by a tree of hadds into one vector of 8 block dots,
-// which is converted and multiplied by the 8 scales d * dx in one go. q8_0's signed weights
-// go through vpsignb (|q| as u8, xq with q's sign). The result equals the exact product of
-// the weights with the rounded activations xq * dx up to fp32 summation; against the exact
-// product with x it differs by at most sum_b (dx_b / 2) sum_j |w_bj| (the rounding of x).
-
-#define VNNI __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,avx2,fma,f16c")))
-
-constexpr int kTileI8 = 4;     // rows of x per pass over a weight row
-constexpr int64_t kGroup = 8;  // blocks whose dots are reduced and scaled together
-
-inline int64_t padded_blocks(int64_t num_blocks) { return (num_blocks + kGroup - 1) / kGroup * kGroup; }
-
-// x [M, K] -> xq int8 [M, K], dx and sx fp32 [M, padded_blocks] (padding blocks are 0).
-void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* sx) {
-  const int64_t num_blocks = K / kBlock, stride = padded_blocks(num_blocks);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  for (int64_t r = 0; r < M; ++r) {
-    for (int64_t b = 0; b < stride; ++b) {
-      float* dxr = dx + r * stride + b;
-      float* sxr = sx + r * stride + b;
-      if (b >= num_blocks) {
-        *dxr = *sxr = 0.0f;
-        continue;
-      }
-      const float* p = x + r * K + b * kBlock;
-      __m256 v[4];
-      for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(p + 8 * i);
-      __m256 amax = _mm256_andnot_ps(sign, v[0]);
-      for (int i = 1; i < 4; ++i) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-      const float d = _mm_cvtss_f32(m4) / 127.0f;
-      const __m256 inverse = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
-      __m256i q[4];
-      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
-      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                                _mm256_packs_epi32(q[2], q[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + r * K + b * kBlock),
-                          _mm256_permutevar8x32_epi32(packed, order));
-      *dxr = d;
-      *sxr = horizontal_sum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
-    }
-  }
-}
-
-// A block's 32 weights as bytes in weight order (q4_1: 0..15 as u8; q8_0: as int8).
-inline __m256i block_bytes_q4_1(const uint8_t* qs) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
-
-// 8 int32 lanes summing to the block's integer dot product. w: u8 weights (q4_1) or int8
-// (q8_0, passed as |w| with x given w's sign).
-template <bool kQ4, bool kVnni>
-VNNI inline __m256i block_dot_i8(__m256i w, const int8_t* xq) {
-  __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-  if (!kQ4) {
-    x = _mm256_sign_epi8(x, w);
-    w = _mm256_abs_epi8(w);
-  }
-  if (kVnni) return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
-}
-
-// [sum of v[0]'s lanes, ..., sum of v[7]'s lanes].
-inline __m256i lane_sums(const __m256i (&v)[8]) {
-  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
-                          _mm256_permute2x128_si256(a, b, 0x31));
-}
-
-// Rows [0, R) of the quantized x against one weight row; writes y[r * N].
-template <int R, bool kQ4, bool kVnni>
-VNNI void output_row_i8(const int8_t* xq, const float* dx, const float* sx, float* y, int64_t K,
-                        int64_t N, const uint8_t* qs_row, const uint16_t* d_row,
-                        const uint16_t* m_row) {
-  constexpr int64_t kBytes = kQ4 ? kBlock / 2 : kBlock;
-  const int64_t num_blocks = K / kBlock, stride = padded_blocks(num_blocks);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < num_blocks; g += kGroup) {
-    const int64_t count = std::min(kGroup, num_blocks - g);
-    __m256i dots[R][8];
-    for (int64_t i = 0; i < kGroup; ++i) {
-      if (i >= count) {
-        for (int r = 0; r < R; ++r) dots[r][i] = _mm256_setzero_si256();
-        continue;
-      }
-      const int64_t b = g + i;
-      const __m256i w = kQ4 ? block_bytes_q4_1(qs_row + b * kBytes)
-                            : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs_row + b * kBytes));
-      for (int r = 0; r < R; ++r) dots[r][i] = block_dot_i8<kQ4, kVnni>(w, xq + r * K + b * kBlock);
-    }
-    alignas(16) uint16_t d_part[kGroup] = {}, m_part[kGroup] = {};
-    const uint16_t* dg = d_row + g;
-    const uint16_t* mg = kQ4 ? m_row + g : nullptr;
-    if (count < kGroup) {  // the row's last group: copy its scales so no load runs past the row
-      std::copy(dg, dg + count, d_part);
-      if (kQ4) std::copy(mg, mg + count, m_part);
-      dg = d_part;
-      mg = m_part;
-    }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dg)));
-    const __m256 m = kQ4 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mg)))
-                         : _mm256_setzero_ps();
-    for (int r = 0; r < R; ++r) {
-      const __m256 scale = _mm256_mul_ps(d, _mm256_loadu_ps(dx + r * stride + g));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_sums(dots[r])), scale, acc[r]);
-      if (kQ4) acc[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(sx + r * stride + g), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) y[r * N] = horizontal_sum(acc[r]);
-}
-
-template <bool kQ4, bool kVnni>
-VNNI void output_rows_i8(const int8_t* xq, const float* dx, const float* sx, float* y, int64_t M,
-                         int64_t K, int64_t N, const uint8_t* qs_row, const uint16_t* d_row,
-                         const uint16_t* m_row) {
-  const int64_t stride = padded_blocks(K / kBlock);
-  int64_t r0 = 0;
-  auto rows = [&](auto R) VNNI {
-    output_row_i8<decltype(R)::value, kQ4, kVnni>(xq + r0 * K, dx + r0 * stride, sx + r0 * stride,
-                                                  y + r0 * N, K, N, qs_row, d_row, m_row);
-  };
-  using std::integral_constant;
-  for (; r0 + kTileI8 <= M; r0 += kTileI8) rows(integral_constant<int, kTileI8>{});
-  switch (M - r0) {
-    case 3: rows(integral_constant<int, 3>{}); break;
-    case 2: rows(integral_constant<int, 2>{}); break;
-    case 1: rows(integral_constant<int, 1>{}); break;
-    default: break;
-  }
-}
-
 // ---- entry points --------------------------------------------------------------------
 
 constexpr const char* kKernel = "the block kernels";
@@ -363,15 +218,6 @@ constexpr const char* kKernel = "the block kernels";
 int64_t resolve_isa(int64_t isa) { return conveyor_native::resolve_isa(isa, kKernel); }
 
 std::string isa_name(int64_t isa) { return conveyor_native::isa_name(isa, kKernel); }
-
-bool cpu_has_vnni() { return conveyor_native::cpu_has_avx512_vnni(); }
-
-// isa for the int8 kernels: 0 auto (VNNI where the CPU has it), 1 AVX2, 2 AVX-512 VNNI.
-bool resolve_vnni(int64_t isa) {
-  TORCH_CHECK(isa >= 0 && isa <= 2, "isa must be 0 (auto), 1 (AVX2) or 2 (AVX-512), got ", isa);
-  TORCH_CHECK(isa != 2 || cpu_has_vnni(), "AVX-512 VNNI asked for but this CPU lacks avx512vnni");
-  return isa == 2 || (isa == 0 && cpu_has_vnni());
-}
 
 void check_inputs(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
                   int64_t bytes_per_block) {
@@ -435,30 +281,6 @@ torch::Tensor block_linear(const torch::Tensor& x, const torch::Tensor& qs, cons
   return y;
 }
 
-template <bool kQ4>
-torch::Tensor block_linear_i8(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
-                              const torch::Tensor* m, int64_t isa) {
-  const bool vnni = resolve_vnni(isa);
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), num_blocks = K / kBlock;
-  const int64_t stride = padded_blocks(num_blocks);
-  auto y = torch::empty({M, N}, x.options());
-  auto xq = torch::empty({M, K}, x.options().dtype(torch::kInt8));
-  auto scales = torch::empty({2, M, stride}, x.options());
-  const int8_t* xqp = xq.data_ptr<int8_t>();
-  float* dxp = scales.data_ptr<float>();
-  float* sxp = dxp + M * stride;
-  quantize_rows(x.data_ptr<float>(), M, K, xq.data_ptr<int8_t>(), dxp, sxp);
-  float* yp = y.data_ptr<float>();
-  for_each_weight_row(qs, d, m, [&](int64_t n, const uint8_t* qs_row, const uint16_t* d_row,
-                                    const uint16_t* m_row) {
-    if (vnni)
-      output_rows_i8<kQ4, true>(xqp, dxp, sxp, yp + n, M, K, N, qs_row, d_row, m_row);
-    else
-      output_rows_i8<kQ4, false>(xqp, dxp, sxp, yp + n, M, K, N, qs_row, d_row, m_row);
-  });
-  return y;
-}
-
 torch::Tensor q8_0_linear(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
                           int64_t isa) {
   check_q8_0(x, qs, d);
@@ -469,18 +291,6 @@ torch::Tensor q4_1_linear(const torch::Tensor& x, const torch::Tensor& qs, const
                           const torch::Tensor& m, int64_t isa) {
   check_q4_1(x, qs, d, m);
   return block_linear<true>(x, qs, d, &m, isa);
-}
-
-torch::Tensor q8_0_linear_i8(const torch::Tensor& x, const torch::Tensor& qs,
-                             const torch::Tensor& d, int64_t isa) {
-  check_q8_0(x, qs, d);
-  return block_linear_i8<false>(x, qs, d, nullptr, isa);
-}
-
-torch::Tensor q4_1_linear_i8(const torch::Tensor& x, const torch::Tensor& qs,
-                             const torch::Tensor& d, const torch::Tensor& m, int64_t isa) {
-  check_q4_1(x, qs, d, m);
-  return block_linear_i8<true>(x, qs, d, &m, isa);
 }
 
 }  // namespace
@@ -494,15 +304,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_1_linear", &q4_1_linear, "x [M, K] fp32 times q4_1 blocks [N, K] transposed",
         pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("m"),
         pybind11::arg("isa") = 0, release_gil());
-  m.def("q8_0_linear_i8", &q8_0_linear_i8,
-        "q8_0_linear with each block of 32 activations rounded to int8 (integer dots)",
-        pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("isa") = 0,
+  m.def("q8_0_linear_i8", &conveyor_native::q8_0_linear_i8,
+        "x times q8_0 weights packed 8 rows at a time (rows8_i8_linear.cpp), each block of 32 "
+        "activations rounded to int8 (integer dots)",
+        pybind11::arg("x"), pybind11::arg("qs8"), pybind11::arg("d8"), pybind11::arg("isa") = 0,
         release_gil());
-  m.def("q4_1_linear_i8", &q4_1_linear_i8,
-        "q4_1_linear with each block of 32 activations rounded to int8 (integer dots)",
-        pybind11::arg("x"), pybind11::arg("qs"), pybind11::arg("d"), pybind11::arg("m"),
-        pybind11::arg("isa") = 0, release_gil());
-  m.def("has_vnni", &cpu_has_vnni, "whether this CPU has AVX-512 VNNI (with avx512f/bw/vl/dq)");
+  m.def("q4_1_linear_i8", &conveyor_native::q4_1_linear_i8,
+        "x times q4_1 weights packed 8 rows at a time (rows8_i8_linear.cpp), each block of 32 "
+        "activations rounded to int8 (integer dots)",
+        pybind11::arg("x"), pybind11::arg("qs8"), pybind11::arg("dm8"), pybind11::arg("isa") = 0,
+        release_gil());
+  m.def("has_vnni", &conveyor_native::cpu_has_vnni,
+        "whether this CPU has AVX-512 VNNI (with avx512f/bw/vl/dq)");
   m.def("isa_name", &isa_name, "the code path isa (0 auto, 1 AVX2, 2 AVX-512) runs here",
         pybind11::arg("isa") = 0);
   m.def("has_avx512", &cpu_has_avx512, "whether this CPU has avx512f/bw/vl/dq");
