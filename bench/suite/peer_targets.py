@@ -124,9 +124,12 @@ def _inprocess(inproc: dict | None) -> list[PeerTarget]:
     if inproc.get("achieved_gflops_c64") and inproc.get("roofline_gflops"):
         share = inproc.get("roofline_share") or (inproc["achieved_gflops_c64"] /
                                                   inproc["roofline_gflops"])
+        fma = (f"; {inproc['fma_peak_share']:.0%} of the FMA peak of "
+               f"{inproc['threads']} threads at once ({inproc['fma_peak_gflops']:.1f} GFLOP/s)"
+               if inproc.get("fma_peak_gflops") else "")
         rows.append(PeerTarget("roofline", roof_label, (
             f"{inproc['achieved_gflops_c64']:.1f} vs {inproc['roofline_gflops']:.1f} GFLOP/s = "
-            f"{share:.0%}"), "met" if share >= ROOFLINE_SHARE else "not met"))
+            f"{share:.0%}{fma}"), "met" if share >= ROOFLINE_SHARE else "not met"))
     else:
         rows.append(PeerTarget("roofline", roof_label, "not measured", "not measured"))
     return rows

@@ -32,6 +32,9 @@ def test_target_lines_say_met_and_not_met():
     text = targets.format_targets(result)
     assert "1.12x (target <= 1.15x): met" in text
     assert "62% of the roofline (target >= 80%): not met" in text
+    assert "FMA peak" not in text  # a JSON from before the FMA probe
+    text = targets.format_targets({**result, "fma_peak_gflops": 230.0, "fma_peak_share": 250 / 230})
+    assert "FMA peak of 2 threads at once 230.0 GFLOP/s: c64 at 109% of it" in text
 
 
 def test_part_timer_gives_exclusive_time(monkeypatch):

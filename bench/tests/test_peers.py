@@ -318,6 +318,9 @@ def test_inprocess_targets_from_their_json():
     paired = {**inproc, "dram_floor_ratio": 1.3}  # the tool's own paired ratio wins
     row = next(r for r in check_peer_targets(peers_results(), paired) if r.id == "dram-floor")
     assert row.status == "not met" and "1.30x" in row.measured
+    fma = {**inproc, "threads": 2, "fma_peak_gflops": 50.0, "fma_peak_share": 0.8}
+    row = next(r for r in check_peer_targets(peers_results(), fma) if r.id == "roofline")
+    assert "80% of the FMA peak of 2 threads at once (50.0 GFLOP/s)" in row.measured
 
 
 def test_levers_rows_come_from_their_section(tmp_path):
