@@ -244,6 +244,13 @@ def test_format_reads_up_to_max_rows_and_fp32_above(kernels, rows: int, monkeypa
         assert torch.equal(out, layer.dense(x))
 
 
+@pytest.mark.parametrize("weight_format, max_rows", [("q4_1", 8), ("q4_1_int8", 32)])
+def test_each_format_reads_up_to_its_own_row_limit(kernels, weight_format, max_rows) -> None:
+    model = _Tiny()
+    quantize_linears(model, weight_format)
+    assert model.proj.max_rows == model.lm_head.max_rows == max_rows
+
+
 def test_keeps_leading_dimensions(kernels) -> None:
     layer = _layer(Q8_0Weight)
     assert layer(torch.randn(1, 1, 64)).shape == (1, 1, 48)

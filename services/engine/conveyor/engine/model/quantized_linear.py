@@ -2,7 +2,7 @@
 
 A decode step reads every weight once, so its time follows the weight bytes: 540 MB in
 fp32 for SmolLM2-135M. A format stores the weights in fewer bytes for steps of up to
-`DECODE_MAX_ROWS` rows; larger steps (prefill) keep the fp32 CpuLinear, so they are
+`DECODE_MAX_ROWS[format]` rows; larger steps (prefill) keep the fp32 CpuLinear, so they are
 unchanged, at the price of keeping the fp32 weights in memory too.
 
 - fp16: weights rounded to fp16 through fbgemm's AVX2 kernel (fp32 activations), 2 bytes a weight.
@@ -42,9 +42,10 @@ WEIGHT_FORMATS = ("fp32", "fp16", "q8_0", "q4_1", "q4_1_int8")
 LM_HEAD_FORMAT = {"fp16": "fp16", "q8_0": "q8_0", "q4_1": "q8_0", "q4_1_int8": "q8_0_int8"}
 """The vocabulary projection's format under each setting (q4_1 keeps the Q8_0 of the GGUF's
 token embedding)."""
-DECODE_MAX_ROWS = 8
+DECODE_MAX_ROWS = {"fp16": 8, "q8_0": 8, "q4_1": 8, "q8_0_int8": 32, "q4_1_int8": 32}
 """Steps of at most this many rows use the format's kernel; larger ones the fp32 CpuLinear
-(measured: bench/weight_formats.py --rows)."""
+(measured: bench/weight_formats.py --rows). The int8 formats' 8-row packing beats fp32 up to
+64 rows (1.2-1.5x at 16-64 on the sixth round's VM); 32 keeps longer prompts' prefill in fp32."""
 BLOCK = 32
 ROWS8 = 8
 """The int8-activation formats pack their weights this many output rows at a time."""
@@ -297,9 +298,10 @@ class QuantizedLinear(nn.Module):
     """A CpuLinear whose steps of up to `max_rows` rows read `weights` (a format above)
     instead of the fp32 weight. The fp32 layer stays for larger steps and as `dense`."""
 
-    def __init__(self, dense: CpuLinear, weights, max_rows: int = DECODE_MAX_ROWS) -> None:
+    def __init__(self, dense: CpuLinear, weights, max_rows: int | None = None) -> None:
         super().__init__()
-        self.dense, self.weights, self.max_rows = dense, weights, max_rows
+        self.dense, self.weights = dense, weights
+        self.max_rows = DECODE_MAX_ROWS[weights.name] if max_rows is None else max_rows
         self.in_features, self.out_features = dense.in_features, dense.out_features
 
     @property
