@@ -1,8 +1,9 @@
 """The CPU's fp32 FMA peak, measured with every thread running at once (bench/csrc/fma_peak.cpp).
 
 A yardstick for the model-FLOP/s target that no kernel can exceed: on a VM whose vCPUs share a
-core's FMA units (this project's Zen 4 VM: two vCPUs, one core's arithmetic) the peak of two
-threads at once is one core's, which a per-core figure times the thread count would overstate.
+core's FMA units at times (the sixth round's Zen 4 VM: two vCPUs with one core's arithmetic
+between them in some minutes, two cores' in others) the peak of two threads at once can be one
+core's, which a per-core figure times the thread count would overstate.
 It prints the rate of one thread alone and of all threads together, in AVX2 (8 lanes) and, where
 the CPU has it, AVX-512 (16 lanes).
 

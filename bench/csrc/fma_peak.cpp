@@ -1,7 +1,7 @@
 // The CPU's fp32 multiply-add rate with N threads running at once: each of torch's intra-op
 // threads runs kChains independent vector FMA chains for `iterations` rounds. With all threads
 // busy together this is the arithmetic ceiling of a step that uses them (two vCPUs that share
-// one core's FMA units read one core's rate, not twice it).
+// one core's FMA units, as a contended VM's can, read one core's rate, not twice it).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>

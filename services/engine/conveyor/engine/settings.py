@@ -64,8 +64,9 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         "fp32", description="Weights decode steps read (CPU, float32 only): fp32; fp16 "
         "(fbgemm); q8_0 (8-bit blocks); q4_1 (4-bit blocks, the bundled GGUF's own, lm_head "
         "q8_0); q4_1_int8 (q4_1 with activations rounded to int8 per block of 32, llama.cpp's "
-        "scheme: faster, greedy output no longer fp32's). Prefill steps stay fp32; see "
-        "docs/performance.md, weight formats.",
+        "scheme: faster, greedy output no longer fp32's). Steps of more than 8 rows (32 for "
+        "q4_1_int8) stay fp32, so prefill of longer prompts does; see docs/performance.md, "
+        "weight formats.",
     )
     kv_cache_dtype: str = Field(
         "auto", description="KV pool element type: auto (the model dtype); float16 (CPU: half "
