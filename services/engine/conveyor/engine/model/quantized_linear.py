@@ -169,7 +169,7 @@ class Q8_0Int8Weight:
 
     def __init__(self, weight: torch.Tensor, isa: int = ISA_AUTO) -> None:
         plain = Q8_0Weight(weight, isa)
-        self._rows8 = Rows8Packing(weight.shape[0], plain.d.shape[1], BLOCK)
+        self._rows8 = Rows8Packing(weight.shape[0], plain.d.shape[1])
         self.qs8 = self._rows8.pack_bytes(plain.qs)
         self.d8 = self._rows8.pack_scales(plain.d)
         self._kernels, self.isa = plain._kernels, isa
@@ -200,8 +200,8 @@ class Rows8Packing:
     block's bytes side by side for the 8 rows, so one 32-byte vector holds one run of every row
     (an int32 lane a row); per group and block the 8 rows' scales (then offsets) likewise."""
 
-    def __init__(self, out_features: int, num_blocks: int, block_bytes: int) -> None:
-        self.out_features, self.num_blocks, self.block_bytes = out_features, num_blocks, block_bytes
+    def __init__(self, out_features: int, num_blocks: int) -> None:
+        self.out_features, self.num_blocks = out_features, num_blocks
         self.groups = -(-out_features // ROWS8)
 
     def _padded(self, t: torch.Tensor) -> torch.Tensor:
@@ -242,7 +242,7 @@ class Q4_1Int8Weight:
 
     def __init__(self, weight: torch.Tensor, isa: int = ISA_AUTO) -> None:
         qs, d, m = _q4_1_blocks(weight)
-        self._rows8 = Rows8Packing(weight.shape[0], d.shape[1], BLOCK // 2)
+        self._rows8 = Rows8Packing(weight.shape[0], d.shape[1])
         self.qs8, self.dm8 = self._rows8.pack_bytes(qs), self._rows8.pack_scales(d, m)
         self._kernels, self.isa = block_kernels(), isa
 
