@@ -13,8 +13,8 @@ the fp32 weight bytes over that time, next to the same run's x.sum() read bandwi
 Kernels: aten-row; aten-col (F.linear on a column-major weight); onednn (fp32, weight
 prepacked by oneDNN); gemv, gemv-avx2 (native/csrc/fp32_gemv.cpp on the row-major
 weight, its AVX-512 path where the CPU has one, and its AVX2 path); engine (CpuLinear:
-gemv up to GEMV_MAX_ROWS rows of its code path, onednn for more); engine-before (CpuLinear without the
-gemv: aten-col for one row on one thread, onednn otherwise);
+gemv up to GEMV_MAX_ROWS rows of its code path, onednn for more); engine-before (CpuLinear
+without the gemv: aten-col for one row on one thread, onednn otherwise);
 fbgemm-fp16 (weights stored in fp16, fp32 math); fbgemm-int8 (int8 weights and dynamically
 quantized int8 activations); int8-wo (int8 weight-only, per channel); int4-wo (4-bit
 weight-only, groups of 32: the layout of the Q4_1 checkpoint). The last three change the
