@@ -1,5 +1,9 @@
 // The int8 activations of the int8 block kernels (rows8_i8_linear.cpp): each block of 32
-// activations rounded once per call to int8 with its own scale, as llama.cpp's Q8_1 does.
+// activations rounded once per call to int8 with its own scale, as llama.cpp's Q8_1 does
+// (dx = max|x| / 127, xq = round(x / dx), and the block's fp32 sum of x for q4_1's offset term).
+// A block's dot is then integer: y = sum_b d_b dx_b sum_j q_bj xq_bj (+ sum_b m_b sum_j x_bj),
+// the exact product with the rounded activations up to fp32 summation, and off the exact product
+// with x by at most sum_b (dx_b / 2) sum_j |w_bj| (the rounding of x).
 #pragma once
 
 #include <immintrin.h>
