@@ -19,25 +19,16 @@
 namespace conveyor_native {
 
 constexpr int64_t kI8Block = 32;  // activations per scale
-constexpr int64_t kI8Group = 8;   // the scale arrays are padded to a multiple of this many blocks
 
-inline int64_t padded_blocks(int64_t num_blocks) {
-  return (num_blocks + kI8Group - 1) / kI8Group * kI8Group;
-}
-
-// x [M, K] -> xq int8 [M, K], dx and sx fp32 [M, padded_blocks] (padding blocks are 0).
+// x [M, K] -> xq int8 [M, K], dx and sx fp32 [M, K / 32].
 inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* sx) {
-  const int64_t num_blocks = K / kI8Block, stride = padded_blocks(num_blocks);
+  const int64_t num_blocks = K / kI8Block;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t r = 0; r < M; ++r) {
-    for (int64_t b = 0; b < stride; ++b) {
-      float* dxr = dx + r * stride + b;
-      float* sxr = sx + r * stride + b;
-      if (b >= num_blocks) {
-        *dxr = *sxr = 0.0f;
-        continue;
-      }
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      float* dxr = dx + r * num_blocks + b;
+      float* sxr = sx + r * num_blocks + b;
       const float* p = x + r * K + b * kI8Block;
       __m256 v[4];
       for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(p + 8 * i);
@@ -61,14 +52,14 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, floa
 }
 
 // The rounded activations of x [M, K] (K a multiple of 32): xq int8 [M, K], and per block the
-// scale dx and the fp32 sum sx, each [M, padded_blocks] (scales[0] and scales[1]).
+// scale dx and the fp32 sum sx, each [M, K / 32] (scales[0] and scales[1]).
 struct Int8Rows {
   torch::Tensor xq, scales;
   int64_t stride;
 
   explicit Int8Rows(const torch::Tensor& x)
       : xq(torch::empty(x.sizes(), x.options().dtype(torch::kInt8))),
-        scales(torch::empty({2, x.size(0), padded_blocks(x.size(1) / kI8Block)}, x.options())),
+        scales(torch::empty({2, x.size(0), x.size(1) / kI8Block}, x.options())),
         stride(scales.size(2)) {
     quantize_rows(x.data_ptr<float>(), x.size(0), x.size(1), xq.data_ptr<int8_t>(), dx(), sx());
   }
