@@ -1,12 +1,22 @@
 """Every service image installs from the lock file (constraints.txt) with the Makefile's
-torch version, and runs as a non-root user."""
+torch version, found as the Makefile finds it, and runs as a non-root user; the CPU engine
+image has no triton, and build contexts leave out what no image needs."""
 
 from __future__ import annotations
 
+import fnmatch
+import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "deploy_manifests", Path(__file__).with_name("deploy_manifests.py"))
+m = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = m
+_spec.loader.exec_module(m)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILES = sorted(ROOT.glob("services/*/Dockerfile"))
@@ -110,3 +120,67 @@ def test_the_installed_engine_carries_its_kernels_sources(tmp_path):
     assert sources, "no kernel sources found"
     missing = [s for s in sources if f"conveyor/engine/native/csrc/{s}" not in names]
     assert not missing, f"the engine's wheel lacks {missing}"
+
+
+def _makefile_variable(name: str) -> str:
+    return re.search(rf"^{name} \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)[1]
+
+
+def _torch_installs(path: Path) -> list[tuple[dict[str, str | None], str]]:
+    """(the ARGs in scope with their defaults, the RUN command) for each RUN installing torch."""
+    stages = _stages(path)
+    defaults = dict((a.split("=", 1) + [None])[:2] for i, a in stages[0] if i == "ARG")
+    found = []
+    for stage in stages[1:]:
+        scope = {}
+        for instruction, args in stage:
+            if instruction == "ARG":
+                name, _, default = args.partition("=")
+                scope[name] = default if "=" in args else defaults.get(name)
+            elif instruction == "RUN" and re.search(r"pip install[^&]*\btorch==", args):
+                found.append((dict(scope), args))
+    return found
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_torch_is_found_as_the_makefile_finds_it(path):
+    """The configured indexes first (PyPI, a mirror, a local wheel folder), then the build
+    argument TORCH_INDEX, for the same requirement."""
+    for scope, command in _torch_installs(path):
+        first, fallback = re.search(r"\((.*?)\|\|(.*?)\)", command).groups()
+        requirement = re.search(r"torch==\S+", first)[0]
+        assert "--index-url" not in first and requirement in fallback, command
+        assert re.search(r"--index-url \$\{TORCH_INDEX\}", fallback), command
+        assert scope.get("TORCH_INDEX"), "TORCH_INDEX is not a build argument with a default"
+
+
+@pytest.mark.parametrize("service", ["tokenizer", "detok"])
+def test_the_tokenizer_conversion_takes_the_cpu_torch_the_makefile_names(service):
+    [(scope, command)] = _torch_installs(ROOT / "services" / service / "Dockerfile")
+    assert "torch==${TORCH_VERSION}+cpu" in command
+    assert scope["TORCH_INDEX"] == _makefile_variable("TORCH_INDEX")
+
+
+def test_the_cpu_engine_image_is_the_cpu_build_without_triton():
+    """The CPU overlay builds torch's +cpu build from the Makefile's index; the engine installs
+    no triton extra: only PyPI's CUDA torch brings triton (it pins its own)."""
+    [(scope, command)] = _torch_installs(ROOT / "services" / "engine" / "Dockerfile")
+    assert "torch==${TORCH_VERSION}${TORCH_BUILD}" in command and scope["TORCH_BUILD"] == ""
+    cpu_args = m.load_compose("docker-compose.cpu.yml")["services"]["engine"]["build"]["args"]
+    assert cpu_args == {"TORCH_BUILD": "+cpu", "TORCH_INDEX": _makefile_variable("TORCH_INDEX")}
+    for command in _pip_installs(ROOT / "services" / "engine" / "Dockerfile"):
+        assert "triton" not in command, command
+
+
+def test_build_contexts_leave_out_what_no_image_needs():
+    """.dockerignore keeps .git, virtual environments, generated stubs and caches out of the
+    context, and nothing a Dockerfile copies."""
+    patterns = [line for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line and not line.startswith("#")]
+    assert {".git", "**/.venv", "**/__pycache__", "common/conveyor/v1"} <= set(patterns)
+    for path in DOCKERFILES:
+        for instruction, args in _instructions(path):
+            if instruction == "COPY" and not args.startswith("--from"):
+                for source in args.split()[:-1]:
+                    excluded = [p for p in patterns if fnmatch.fnmatch(source.rstrip("/"), p)]
+                    assert not excluded, f"{path.parent.name} copies {source}: {excluded}"
