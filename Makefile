@@ -13,7 +13,7 @@ PROJECTS := common services/tokenizer services/detok services/engine services/ga
   services/batch
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PROJECTS))
 
-.PHONY: setup protos native test test-fast run redis bench peers lint lock clean
+.PHONY: setup protos native test test-fast run redis bench peers lint lock clean compose-check
 
 setup: $(STAMP) protos native
 
@@ -57,6 +57,13 @@ bench: setup
 # outside the repository (CONVEYOR_PEERS_DIR); only when asked, never by CI or `make test`.
 peers:
 	bash bench/peers/setup_peers.sh
+
+# Build every image and run the CPU compose stack end to end: health checks, a tenant key, a
+# streamed chat, a batch through the worker, a trace in the collector (scripts/compose_check).
+# Docker when its daemon answers, else podman; not in CI (heavy): run it before handing in a
+# change to a Dockerfile, a compose file or a dependency.
+compose-check: setup
+	$(PY) scripts/compose_check/check.py
 
 # Rewrite constraints.txt from a fresh environment of the loose requirements (scripts/lock.py).
 lock:
