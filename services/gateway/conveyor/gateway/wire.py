@@ -382,12 +382,16 @@ def stats_request() -> engine_pb2.EngineStatsRequest:
 
 
 def engine_load(message: engine_pb2.EngineStats) -> EngineLoad:
+    """The load fields of Stats, all of them (the waiting bounds make `is_waiting_full`)."""
     return EngineLoad(
         num_running=message.num_running,
         num_waiting=message.num_waiting,
         kv_usage=message.kv_usage,
         num_free_blocks=message.num_free_blocks,
         num_blocks=message.num_blocks,
+        num_waiting_tokens=message.num_waiting_tokens,
+        max_num_waiting_seqs=message.max_num_waiting_seqs,
+        max_num_waiting_tokens=message.max_num_waiting_tokens,
     )
 
 
