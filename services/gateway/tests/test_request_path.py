@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
 from conveyor.gateway.tenancy.tiers import DEFAULT_TIERS
 
-MAX_MODULES = 12
+MAX_MODULES = 13
 """docs/architecture.md, "One streamed chat request, hop by hop"."""
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
@@ -36,7 +36,7 @@ def gateway_modules_called() -> Iterator[set[str]]:
         sys.setprofile(previous)
 
 
-async def test_one_streamed_request_passes_through_at_most_twelve_modules(
+async def test_one_streamed_request_passes_through_at_most_thirteen_modules(
         gateway_factory, redis, prefix):
     gateway = await gateway_factory(auth_enabled=True)
     key = (await ApiKeyStore(redis, DEFAULT_TIERS, prefix=prefix).create("acme", "standard")).key

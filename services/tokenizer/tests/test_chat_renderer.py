@@ -36,9 +36,36 @@ def test_continue_final_message_leaves_the_assistant_turn_open(tokenizer):
     assert text.endswith("<|im_start|>assistant\nHello, I am")
 
 
-def test_tool_role_renders(tokenizer):
+def test_tool_role_renders_as_a_tool_response(tokenizer):
     messages = [*USER_HI, ChatMessage("tool", "72F", tool_call_id="c1")]
-    assert "<|im_start|>tool\n72F<|im_end|>\n" in render(tokenizer, messages=messages)
+    assert ("<|im_start|>tool\n<tool_response>\n72F\n</tool_response><|im_end|>\n"
+            in render(tokenizer, messages=messages))
+
+
+WEATHER_TOOL = ('[{"type": "function", "function": {"name": "get_weather", '
+                '"parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]')
+
+
+def test_tools_are_described_in_the_system_message_of_a_template_without_tools(tokenizer):
+    text = render(tokenizer, messages=USER_HI, tools_json=WEATHER_TOOL,
+                  add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nYou can call functions")
+    assert '{"name": "get_weather", "parameters"' in text and "<tool_call>" in text
+    assert "named SmolLM" not in text  # the tools' system message replaces the default
+    own = render(tokenizer, messages=[ChatMessage("system", "Be brief."), *USER_HI],
+                 tools_json=WEATHER_TOOL)
+    assert own.startswith("<|im_start|>system\nBe brief.\n\nYou can call functions")
+
+
+def test_assistant_tool_calls_are_written_as_tool_call_blocks(tokenizer):
+    calls = ('[{"id": "call_1", "type": "function", "function": {"name": "get_weather", '
+             '"arguments": "{\\"city\\": \\"Paris\\"}"}}]')
+    messages = [*USER_HI, ChatMessage("assistant", "", tool_calls_json=calls),
+                ChatMessage("tool", "18C", tool_call_id="call_1")]
+    text = render(tokenizer, messages=messages, tools_json=WEATHER_TOOL)
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": '
+            '{"city": "Paris"}}\n</tool_call><|im_end|>\n') in text
+    assert "<tool_response>\n18C\n</tool_response>" in text
 
 
 def test_request_template_sees_tools_and_kwargs(tokenizer):

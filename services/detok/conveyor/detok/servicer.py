@@ -3,6 +3,7 @@ stream's domain types (nothing past this file imports *_pb2)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 
@@ -12,7 +13,10 @@ from conveyor.common.errors import ERROR_REASON_KEY, INVALID_REQUEST
 from conveyor.common.log import request_id_var
 from conveyor.detok.decode_options import DecodeOptions
 from conveyor.detok.errors import InvalidStreamError
+from conveyor.detok.offered_tools import ToolSpec
 from conveyor.detok.stream import DetokenizeStream, StreamOutput, StreamStart
+from conveyor.detok.tool_call_formats import ToolCallFormat
+from conveyor.detok.tool_call_stream import ToolCallOptions
 from conveyor.v1 import detok_pb2, detok_pb2_grpc
 
 log = logging.getLogger("conveyor.detok")
@@ -72,7 +76,39 @@ def _handle(stream: DetokenizeStream, message) -> StreamOutput:
 
 
 def _merge(first: StreamOutput, second: StreamOutput) -> StreamOutput:
-    return StreamOutput(first.text + second.text, second.num_tokens, second.stop_match)
+    return StreamOutput(first.text + second.text, second.num_tokens, second.stop_match,
+                        first.tool_calls + second.tool_calls)
+
+
+_TOOL_CALL_FORMATS = {
+    detok_pb2.TOOL_CALL_FORMAT_HERMES: ToolCallFormat.HERMES,
+    detok_pb2.TOOL_CALL_FORMAT_LLAMA3_JSON: ToolCallFormat.LLAMA3_JSON,
+    detok_pb2.TOOL_CALL_FORMAT_JSON_ARRAY: ToolCallFormat.JSON_ARRAY,
+    detok_pb2.TOOL_CALL_FORMAT_NAMED: ToolCallFormat.NAMED,
+}
+
+
+def _tool_call_options(start) -> ToolCallOptions | None:
+    if not start.HasField("tool_calls") or not start.tool_calls.format:
+        return None
+    options = start.tool_calls
+    if options.format not in _TOOL_CALL_FORMATS:
+        raise InvalidStreamError(f"tool_calls.format {options.format} is not a known format")
+    if options.format == detok_pb2.TOOL_CALL_FORMAT_NAMED and not options.function_name:
+        raise InvalidStreamError("tool_calls.function_name is required with the NAMED format")
+    return ToolCallOptions(_TOOL_CALL_FORMATS[options.format], options.function_name,
+                           options.max_calls, tuple(_tool_spec(t) for t in options.tools))
+
+
+def _tool_spec(tool) -> ToolSpec:
+    try:
+        parameters = json.loads(tool.parameters_json) if tool.parameters_json else None
+    except json.JSONDecodeError as error:
+        raise InvalidStreamError(f"the parameters of tool {tool.name!r} are not JSON: "
+                                 f"{error}") from None
+    if parameters is not None and not isinstance(parameters, dict):
+        raise InvalidStreamError(f"the parameters of tool {tool.name!r} must be a JSON object")
+    return ToolSpec(tool.name, parameters, tool.strict)
 
 
 def _start_from_proto(start) -> StreamStart:
@@ -86,11 +122,15 @@ def _start_from_proto(start) -> StreamStart:
         stops=list(start.stop),
         include_stop_str_in_output=start.include_stop_str_in_output,
         options=options,
+        tool_calls=_tool_call_options(start),
     )
 
 
 def _to_proto(output: StreamOutput):
-    response = detok_pb2.DetokenizeResponse(text_delta=output.text, num_tokens=output.num_tokens)
+    response = detok_pb2.DetokenizeResponse(
+        text_delta=output.text, num_tokens=output.num_tokens,
+        tool_calls=[detok_pb2.ToolCallDelta(index=d.index, id=d.id, name=d.name,
+                                            arguments=d.arguments) for d in output.tool_calls])
     if output.stop_match is not None:
         match = output.stop_match
         response.stop_match.CopyFrom(detok_pb2.StopMatch(

@@ -8,6 +8,7 @@ from conveyor.detok.decode_options import DecodeOptions
 from conveyor.detok.detokenizer import Detokenizer
 from conveyor.detok.errors import InvalidStreamError
 from conveyor.detok.stop_matcher import StopHit, StopMatcher
+from conveyor.detok.tool_call_stream import ToolCallDelta, ToolCallOptions, ToolCallStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,8 @@ class StreamStart:
     stops: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
     options: DecodeOptions = DecodeOptions()
+    tool_calls: ToolCallOptions | None = None
+    """Read tool calls out of the text (None: the text is all content)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,23 +35,27 @@ class StopMatch:
 
 @dataclass(frozen=True, slots=True)
 class StreamOutput:
-    """What one caller message produced."""
+    """What one caller message produced: new content text, and with tool-call parsing
+    the pieces of tool calls."""
 
     text: str
     num_tokens: int
     stop_match: StopMatch | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
     @property
     def is_empty(self) -> bool:
-        return not self.text and self.stop_match is None
+        return not self.text and self.stop_match is None and not self.tool_calls
 
 
 class DetokenizeStream:
-    """Detokenizer plus stop matcher for one request.
+    """Detokenizer, stop matcher and (when asked) tool-call reader for one request.
 
     Tokens are taken one at a time, so a stop match names the exact token
     that completed it; tokens after a match are ignored. Once `is_finished`
     (a stop matched or `finish` was called) the stream takes nothing more.
+    Tool calls are read from the text the stop matcher lets through; the text is
+    whole at a stop match or at `finish`.
     """
 
     def __init__(self, tokenizer, start: StreamStart):
@@ -57,6 +64,8 @@ class DetokenizeStream:
         _check_ids(start.prompt_tail_ids, self._vocab_size, "prompt_tail_token_ids")
         self._detokenizer = Detokenizer(tokenizer, start.options, start.prompt_tail_ids)
         self._stop = StopMatcher(start.stops, start.include_stop_str_in_output)
+        self._tools = (ToolCallStream(start.tool_calls, start.request_id)
+                       if start.tool_calls is not None else None)
         self._num_tokens = 0
         self.is_finished = False
 
@@ -71,7 +80,7 @@ class DetokenizeStream:
             pieces.append(text)
             if hit is not None:
                 return self._stopped("".join(pieces), hit)
-        return StreamOutput("".join(pieces), self._num_tokens)
+        return self._output("".join(pieces))
 
     def finish(self) -> StreamOutput:
         """The engine finished without a stop string: flush all held-back text."""
@@ -80,12 +89,18 @@ class DetokenizeStream:
         if hit is not None:
             return self._stopped(text, hit)
         self.is_finished = True
-        return StreamOutput(text + self._stop.flush(), self._num_tokens)
+        return self._output(text + self._stop.flush())
 
     def _stopped(self, text: str, hit: StopHit) -> StreamOutput:
         self.is_finished = True
-        match = StopMatch(hit.stop, hit.index, self._num_tokens)
-        return StreamOutput(text, self._num_tokens, match)
+        return self._output(text, StopMatch(hit.stop, hit.index, self._num_tokens))
+
+    def _output(self, text: str, stop_match: StopMatch | None = None) -> StreamOutput:
+        """The output of `text`, through the tool-call reader when there is one."""
+        if self._tools is None:
+            return StreamOutput(text, self._num_tokens, stop_match)
+        content, calls = self._tools.push(text, final=self.is_finished)
+        return StreamOutput(content, self._num_tokens, stop_match, tuple(calls))
 
     def _check_open(self) -> None:
         if self.is_finished:

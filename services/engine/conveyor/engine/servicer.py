@@ -90,6 +90,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     def to_engine_request(self, request: engine_pb2.GenerateRequest) -> EngineRequest:
         """Convert and validate; raises InvalidRequestError or InvalidSamplingParams."""
+        if request.HasField("structured_output"):
+            raise InvalidRequestError("structured outputs are not supported by this engine yet")
         prompt = list(request.prompt_token_ids)
         engine_request = EngineRequest(
             request_id=request.request_id or f"engine-{uuid.uuid4().hex}",

@@ -27,7 +27,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from conveyor.common.sampling_fields import INT32_MAX, KNOBS, Knob
 from conveyor.gateway.errors import APIError, bad_request, context_length_exceeded
 from conveyor.gateway.text_services import ServedModel
-from conveyor.gateway.wire import ChatTurn, DetokOptions, PromptTokens, RenderInput, SamplingOptions
+from conveyor.gateway.wire import (
+    ChatTurn,
+    DetokOptions,
+    PromptTokens,
+    RenderInput,
+    SamplingOptions,
+    ToolCallParsing,
+)
 
 # -- body limit --------------------------------------------------------------------------
 
@@ -159,6 +166,72 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+# -- structured outputs and tools (mapped by output_constraints.py) -------------------------
+
+class JsonSchemaSpec(_Body):
+    """response_format.json_schema: the schema the output must match."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    """OpenAI's flag; the schema is enforced by constrained decoding whether set or not."""
+
+
+class TextFormat(_Body):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Body):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(_Body):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormatField = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat,
+                                Field(discriminator="type")]
+
+
+class StructuredOutputsParams(_Body):
+    """vLLM's `structured_outputs`: exactly one kind. Its other options (whitespace,
+    structural tags, backends) are refused as unknown fields."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Body):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
 class TextPart(_Body):
     type: Literal["text"]
     text: str
@@ -205,6 +278,14 @@ class _SamplingFields(_Knobs):
     priority: int = Field(0, ge=INT32_MIN, le=INT32_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormatField | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -236,7 +317,9 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
@@ -369,7 +452,8 @@ def _logprob_request(body: GenerationBody) -> tuple[bool, int]:
     return body.logprobs is not None, body.logprobs or 0
 
 
-def detok_options(body: GenerationBody, request_id: str, prompt: PromptTokens) -> DetokOptions:
+def detok_options(body: GenerationBody, request_id: str, prompt: PromptTokens,
+                  tool_calls: ToolCallParsing | None = None) -> DetokOptions:
     return DetokOptions(
         request_id=request_id,
         prompt_tail_token_ids=prompt.token_ids[-PROMPT_TAIL_TOKENS:],
@@ -377,6 +461,7 @@ def detok_options(body: GenerationBody, request_id: str, prompt: PromptTokens) -
         include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens,
         spaces_between_special_tokens=body.spaces_between_special_tokens,
+        tool_calls=tool_calls,
     )
 
 
@@ -387,7 +472,8 @@ def render_input(body: ChatCompletionRequest, max_tokens: int | None) -> RenderI
         add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
         continue_final_message=body.continue_final_message,
         chat_template=body.chat_template or "",
-        tools_json=json.dumps(body.tools) if body.tools else "",
+        tools_json=json.dumps([t.model_dump(exclude_none=True, by_alias=True)
+                               for t in body.tools]) if body.tools else "",
         chat_template_kwargs_json=(
             json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else ""
         ),

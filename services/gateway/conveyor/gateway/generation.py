@@ -30,14 +30,16 @@ from conveyor.gateway.wire import (
     GenerateJob,
     PositionLogprobs,
     TokenUsage,
+    ToolCallDelta,
     UpstreamError,
 )
 
 
 @dataclass(slots=True)
 class GenerationDelta:
-    """New text and the output tokens it came from; the last delta has a finish_reason
-    ("stop" or "length"), the stop reason (stop string or token id) and the usage."""
+    """New text (content), pieces of tool calls, and the output tokens they came from; the
+    last delta has a finish_reason ("stop" or "length"), the stop reason (stop string or
+    token id) and the usage."""
 
     text: str
     token_ids: list[int]
@@ -45,6 +47,7 @@ class GenerationDelta:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     usage: TokenUsage | None = None
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -75,13 +78,15 @@ class _Progress:
 
     def delta(self, reply: DetokReply) -> GenerationDelta:
         token_ids, logprobs = self._take(reply.num_tokens)
-        return GenerationDelta(reply.text_delta, token_ids, logprobs)
+        return GenerationDelta(reply.text_delta, token_ids, logprobs,
+                               tool_calls=reply.tool_calls)
 
     def stopped_by_string(self, reply: DetokReply) -> GenerationDelta:
         match = reply.stop_match
         token_ids, logprobs = self._take(match.num_tokens)
         usage = TokenUsage(self.usage.prompt_tokens, match.num_tokens, self.usage.cached_tokens)
-        return GenerationDelta(reply.text_delta, token_ids, logprobs, "stop", match.stop, usage)
+        return GenerationDelta(reply.text_delta, token_ids, logprobs, "stop", match.stop, usage,
+                               reply.tool_calls)
 
     def finished(self) -> GenerationDelta:
         token_ids, logprobs = self._take(len(self.token_ids))
@@ -211,7 +216,8 @@ class ChoiceStream:
                 self._engine.cancel()
                 self._over = True
                 return self.progress.stopped_by_string(reply)
-            if reply.text_delta or reply.num_tokens > self.progress.num_reported:
+            if reply.text_delta or reply.tool_calls or \
+                    reply.num_tokens > self.progress.num_reported:
                 return self.progress.delta(reply)
         return None
 

@@ -70,6 +70,7 @@ from conveyor.gateway.generation import (
     shared_move,
 )
 from conveyor.gateway.observability import DISCONNECTED_STATUS, describe_generation, record_usage
+from conveyor.gateway.output_constraints import OutputPlan, output_plan
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.response_formats import (
     ChatFormat,
@@ -87,7 +88,13 @@ from conveyor.gateway.tenancy.admission import TenantAdmission, engine_priority
 from conveyor.gateway.tenancy.api_keys import Tenant
 from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft, TimelineWrite
 from conveyor.gateway.text_services import ServedModel
-from conveyor.gateway.wire import GenerateJob, PromptInput, PromptTokens, UpstreamError
+from conveyor.gateway.wire import (
+    GenerateJob,
+    PromptInput,
+    PromptTokens,
+    ToolCallFormat,
+    UpstreamError,
+)
 
 log = logging.getLogger("conveyor.gateway.requests")
 
@@ -165,6 +172,7 @@ class GenerationRequest:
         self._choices = ChoiceStreams()
         self._bindings = PendingBindings()
         self._num_moves = 0
+        self._plan = OutputPlan()
         self._stack = AsyncExitStack()
 
     async def __aenter__(self) -> GenerationRequest:
@@ -205,6 +213,7 @@ class GenerationRequest:
         self._stack.push_async_callback(self._write_the_end)
         self.model = await self._step(pipeline.catalog.resolve(body.model))
         check_limits(body, self.model, pipeline.settings.max_n)
+        self._plan = output_plan(body, ToolCallFormat(pipeline.settings.tool_call_parser))
         self._priority = engine_priority(self.tenant.tier, body.priority)
         self._prompts = await self._step(self.kind.prepare_prompts(pipeline, body))
         self._max_tokens = [max_tokens_for(body.requested_max_tokens, p, self.kind.prompt_param)
@@ -269,13 +278,15 @@ class GenerationRequest:
         for prompt_index, (prompt, max_tokens) in enumerate(budgets):
             job_id = f"{self.request_id}-{'p' if body.n > 1 else ''}{prompt_index}"
             job = GenerateJob(job_id, prompt.token_ids, sampling_options(body, max_tokens),
-                              self._priority, self.tenant.cache_salt, n=body.n)
+                              self._priority, self.tenant.cache_salt, n=body.n,
+                              constraint=self._plan.constraint)
             streams, first_move = self._sample_streams(client, job)
             for sample, stream in enumerate(streams):
                 choice_id = f"{self.request_id}-{prompt_index * body.n + sample}"
                 self._choices.add(ChoiceStream(
                     stream, engine.engine_id, pipeline.detok, job.sample(sample, choice_id),
-                    detok_options(body, choice_id, prompt), self._move_choice, first_move))
+                    detok_options(body, choice_id, prompt, self._plan.tool_calls),
+                    self._move_choice, first_move))
         self._timeline.mark(Stage.QUEUED, engine_id=engine.engine_id)
         describe_generation(self.kind.name, self.model.name, body.requested_max_tokens,
                             self.request_id)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from conveyor.gateway.generation import GenerationDelta
-from conveyor.gateway.wire import PositionLogprobs, TokenUsage
+from conveyor.gateway.wire import PositionLogprobs, TokenUsage, ToolCallDelta
 
 # -- usage totals ------------------------------------------------------------------------
 
@@ -134,13 +134,34 @@ class ChoiceResult:
     logprobs: list[PositionLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    tool_calls: list[dict] = field(default_factory=list)
+    """OpenAI's `message.tool_calls`, assembled from the pieces."""
 
     def add(self, delta: GenerationDelta) -> None:
         self.text += delta.text
         self.token_ids.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs)
+        for piece in delta.tool_calls:
+            if piece.id:
+                self.tool_calls.append({"id": piece.id, "type": "function",
+                                        "function": {"name": piece.name, "arguments": ""}})
+            else:
+                self.tool_calls[piece.index]["function"]["arguments"] += piece.arguments
         if delta.finish_reason is not None:
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+
+
+def _tool_call_entry(piece: ToolCallDelta) -> dict:
+    """One entry of a streamed `delta.tool_calls`: a call's header, or an arguments piece."""
+    if piece.id:
+        return {"index": piece.index, "id": piece.id, "type": "function",
+                "function": {"name": piece.name, "arguments": ""}}
+    return {"index": piece.index, "function": {"arguments": piece.arguments}}
+
+
+def _finish_reason(reason: str | None, called: bool) -> str | None:
+    """OpenAI's "tool_calls" for a choice that ended by itself after calling tools."""
+    return "tool_calls" if reason == "stop" and called else reason
 
 
 class ResponseFormat:
@@ -178,7 +199,8 @@ class ResponseFormat:
     def opening_chunks(self, num_choices: int) -> list[dict]:
         return []
 
-    def chunk(self, index: int, delta: GenerationDelta, texts: dict[int, str]) -> dict | None:
+    def chunks(self, index: int, delta: GenerationDelta, texts: dict[int, str]) -> list[dict]:
+        """The streamed chunks of one delta (none when it carries nothing to show)."""
         raise NotImplementedError
 
     def choice(self, index: int, result: ChoiceResult, texts: dict[int, str]) -> dict:
@@ -192,28 +214,48 @@ class ResponseFormat:
 
 
 class ChatFormat(ResponseFormat):
+    """Chat completions. A delta's content (with its logprobs) is one chunk and each of
+    its tool-call pieces one more (a call's id and name first, then its arguments), as
+    OpenAI streams them; a choice that called tools and ended by itself finishes with
+    "tool_calls"."""
+
     chunk_object = "chat.completion.chunk"
     response_object = "chat.completion"
+
+    def __init__(self, response_id: str, model: str, num_top_logprobs: int | None):
+        super().__init__(response_id, model, num_top_logprobs)
+        self._called: set[int] = set()
+        """Choices that streamed a tool call."""
 
     def opening_chunks(self, num_choices: int) -> list[dict]:
         return [self.chunk_of([_chat_chunk_choice(i, {"role": "assistant", "content": ""})])
                 for i in range(num_choices)]
 
-    def chunk(self, index: int, delta: GenerationDelta, texts: dict[int, str]) -> dict | None:
-        if not delta.text and delta.finish_reason is None:
-            return None
-        choice = _chat_chunk_choice(index, {"content": delta.text} if delta.text else {})
-        choice["logprobs"] = self._logprobs(delta.token_ids, delta.logprobs, texts)
-        choice["finish_reason"] = delta.finish_reason
-        choice["stop_reason"] = delta.stop_reason
-        return self.chunk_of([choice])
+    def chunks(self, index: int, delta: GenerationDelta, texts: dict[int, str]) -> list[dict]:
+        deltas = [{"content": delta.text}] if delta.text else []
+        deltas += [{"tool_calls": [_tool_call_entry(piece)]} for piece in delta.tool_calls]
+        if delta.tool_calls:
+            self._called.add(index)
+        if not deltas and delta.finish_reason is None:
+            return []
+        choices = [{**_chat_chunk_choice(index, d), "stop_reason": None} for d in deltas or [{}]]
+        choices[0]["logprobs"] = self._logprobs(delta.token_ids, delta.logprobs, texts)
+        if delta.finish_reason is not None:
+            choices[-1]["finish_reason"] = _finish_reason(delta.finish_reason,
+                                                          index in self._called)
+            choices[-1]["stop_reason"] = delta.stop_reason
+        return [self.chunk_of([choice]) for choice in choices]
 
     def choice(self, index: int, result: ChoiceResult, texts: dict[int, str]) -> dict:
+        message = {"role": "assistant", "content": result.text}
+        if result.tool_calls:
+            message = {"role": "assistant", "content": result.text or None,
+                       "tool_calls": result.tool_calls}
         return {
             "index": index,
-            "message": {"role": "assistant", "content": result.text},
+            "message": message,
             "logprobs": self._logprobs(result.token_ids, result.logprobs, texts),
-            "finish_reason": result.finish_reason,
+            "finish_reason": _finish_reason(result.finish_reason, bool(result.tool_calls)),
             "stop_reason": result.stop_reason,
         }
 
@@ -231,16 +273,16 @@ class CompletionFormat(ResponseFormat):
     chunk_object = "text_completion"
     response_object = "text_completion"
 
-    def chunk(self, index: int, delta: GenerationDelta, texts: dict[int, str]) -> dict | None:
+    def chunks(self, index: int, delta: GenerationDelta, texts: dict[int, str]) -> list[dict]:
         if not delta.text and delta.finish_reason is None:
-            return None
-        return self.chunk_of([{
+            return []
+        return [self.chunk_of([{
             "index": index,
             "text": delta.text,
             "logprobs": self._logprobs(index, delta.token_ids, delta.logprobs, texts, delta.text),
             "finish_reason": delta.finish_reason,
             "stop_reason": delta.stop_reason,
-        }])
+        }])]
 
     def choice(self, index: int, result: ChoiceResult, texts: dict[int, str]) -> dict:
         return {

@@ -197,8 +197,7 @@ class _Writer:
         while item is not None:
             index, delta = item
             texts = await self._texts(fmt, delta.token_ids, delta.logprobs)
-            chunk = fmt.chunk(index, delta, texts)
-            if chunk is not None:
+            for chunk in fmt.chunks(index, delta, texts):
                 await self._body(encode_event(chunk))
             item = await request.next_delta()
         if request.body.include_usage:

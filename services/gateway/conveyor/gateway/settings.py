@@ -7,6 +7,8 @@ overload bounds) by inheritance, all under the same prefix.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -66,6 +68,11 @@ class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings, BatchAp
         0.25, ge=0, description="How long engine loads (Stats) are reused to pick an engine."
     )
     max_n: int = Field(16, ge=1, description="Largest n (choices per prompt) a request may use.")
+    tool_call_parser: Literal["hermes", "llama3_json"] = Field(
+        "hermes", description="How the model writes the tool calls that tool_choice auto reads "
+        "back: hermes (<tool_call> JSON blocks; a chat template without tool support, like the "
+        "bundled model's, is given the tools in this form) or llama3_json."
+    )
     max_body_bytes: int = Field(
         4 * 1024 * 1024, ge=1, description="Largest request body in bytes; a larger one gets 413 "
         "before it is read."

@@ -6,9 +6,9 @@ model is served; the served-name setting wins.
 
 Detok: one bidirectional stream per generation. A stream whose replica fails is rebuilt
 on another replica: it re-sends its options and every token id so far (and the finish,
-if sent), and skips as much of the new stream's text as the caller already got:
-detokenization is deterministic, so the new text starts with the old. The caller sees
-one stream.
+if sent), and skips as much of the new stream's text and tool-call pieces as the caller
+already got: detokenization and tool-call reading are deterministic, so the new stream
+starts with the old. The caller sees one stream.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from conveyor.gateway.wire import (
     PromptTokens,
     RenderInput,
     TokenizerFacts,
+    ToolCallDelta,
     UpstreamError,
     translate_rpc_errors,
 )
@@ -144,6 +145,8 @@ class _Attempt:
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.num_chars_in = 0
         """Text this call produced so far (the caller may have had some of it already)."""
+        self.num_arguments_in: dict[int, int] = {}
+        """Per tool call, the arguments' characters this call produced so far."""
         for message in first_messages:
             self.outbox.put_nowait(message)
         self.call = detok_pb2_grpc.DetokenizerStub(replica.channel).Detokenize(self._outgoing())
@@ -179,6 +182,8 @@ class DetokStream:
         self._ended = False
         self._num_chars_out = 0
         self._num_tokens_out = 0
+        self._num_arguments_out: dict[int, int] = {}
+        """Per tool call the caller has the header of: its arguments' characters out."""
         self._attempt: _Attempt | None = None
 
     def send_tokens(self, token_ids: list[int]) -> bool:
@@ -247,12 +252,29 @@ class DetokStream:
         attempt.num_chars_in += len(reply.text_delta)
         text = reply.text_delta[max(0, self._num_chars_out - num_before):]
         self._num_chars_out += len(text)
+        tool_calls = [fresh for delta in reply.tool_calls
+                      if (fresh := self._fresh_tool_call(delta, attempt)) is not None]
         if reply.stop_match is not None:
             self._ended = True
-        elif not text and reply.num_tokens <= self._num_tokens_out:
+        elif not text and not tool_calls and reply.num_tokens <= self._num_tokens_out:
             return None
         self._num_tokens_out = max(self._num_tokens_out, reply.num_tokens)
-        return DetokReply(text, reply.num_tokens, reply.stop_match)
+        return DetokReply(text, reply.num_tokens, reply.stop_match, tool_calls)
+
+    def _fresh_tool_call(self, delta: ToolCallDelta, attempt: _Attempt) -> ToolCallDelta | None:
+        """`delta` without what the caller already has of its call; None when nothing."""
+        if delta.id:  # a call's header
+            if delta.index in self._num_arguments_out:
+                return None
+            self._num_arguments_out[delta.index] = 0
+            return delta
+        num_before = attempt.num_arguments_in.get(delta.index, 0)
+        attempt.num_arguments_in[delta.index] = num_before + len(delta.arguments)
+        fragment = delta.arguments[max(0, self._num_arguments_out[delta.index] - num_before):]
+        if not fragment:
+            return None
+        self._num_arguments_out[delta.index] += len(fragment)
+        return ToolCallDelta(delta.index, arguments=fragment)
 
 
 class DetokClient:

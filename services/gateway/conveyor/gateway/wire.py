@@ -102,6 +102,25 @@ class SamplingOptions:
     min_tokens: int = 0
 
 
+class ConstraintKind(Enum):
+    """The kinds of structured output, named as the proto's StructuredOutput fields."""
+
+    JSON_SCHEMA = "json_schema"
+    JSON_OBJECT = "json_object"
+    REGEX = "regex"
+    CHOICE = "choice"
+    GRAMMAR = "grammar"
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """What the output must match: a JSON schema's text, a regex, a grammar's text, the
+    choice's options, or (JSON_OBJECT) nothing more."""
+
+    kind: ConstraintKind
+    value: str | tuple[str, ...] = ""
+
+
 @dataclass(slots=True)
 class GenerateJob:
     """One Generate call: a prompt and how to continue it, `n` samples of it (the engine
@@ -115,6 +134,7 @@ class GenerateJob:
     resume_output_token_ids: list[int] = field(default_factory=list)
     """Output an earlier engine produced (a moved stream); the engine continues after it."""
     n: int = 1
+    constraint: Constraint | None = None
 
     def sample(self, index: int, request_id: str) -> GenerateJob:
         """Sample `index` of this job as a job of its own (n = 1), drawing as it does here
@@ -176,6 +196,38 @@ class EngineFacts:
 
 # -- detok records -----------------------------------------------------------------------
 
+class ToolCallFormat(Enum):
+    """How a model's text carries tool calls (detok.proto's ToolCallFormat)."""
+
+    HERMES = "hermes"
+    LLAMA3_JSON = "llama3_json"
+    JSON_ARRAY = "json_array"
+    NAMED = "named"
+
+
+@dataclass(frozen=True, slots=True)
+class OfferedTool:
+    """A function the model may call: its name, parameters schema (JSON text; empty: any
+    object) and whether its calls must validate against it."""
+
+    name: str
+    parameters_json: str = ""
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallParsing:
+    """Which tool calls detok reads out of a stream's text."""
+
+    format: ToolCallFormat
+    function_name: str = ""
+    """The function a NAMED stream calls."""
+    max_calls: int = 0
+    """Most calls kept (0: no limit)."""
+    tools: tuple[OfferedTool, ...] = ()
+    """The functions offered: calls of others, and strict ones' invalid calls, stay text."""
+
+
 @dataclass(slots=True)
 class DetokOptions:
     """Options of one detok stream (its first message)."""
@@ -186,6 +238,7 @@ class DetokOptions:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    tool_calls: ToolCallParsing | None = None
 
 
 @dataclass(slots=True)
@@ -197,13 +250,25 @@ class StopMatch:
     num_tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of tool call `index`: its id and name (first piece) or an arguments fragment."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
 @dataclass(slots=True)
 class DetokReply:
-    """Text the detok stream produced; `num_tokens` output tokens are consumed so far."""
+    """Text the detok stream produced (content only, when it reads tool calls, whose pieces
+    come in `tool_calls`); `num_tokens` output tokens are consumed so far."""
 
     text_delta: str
     num_tokens: int
     stop_match: StopMatch | None = None
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 # -- upstream error ----------------------------------------------------------------------
@@ -260,7 +325,20 @@ def generate_request(job: GenerateJob) -> engine_pb2.GenerateRequest:
         cache_salt=job.cache_salt,
         resume_output_token_ids=job.resume_output_token_ids,
         n=job.n,
+        structured_output=_structured_output(job.constraint),
     )
+
+
+def _structured_output(constraint: Constraint | None) -> engine_pb2.StructuredOutput | None:
+    if constraint is None:
+        return None
+    kind = constraint.kind
+    if kind is ConstraintKind.JSON_OBJECT:
+        return engine_pb2.StructuredOutput(json_object=True)
+    if kind is ConstraintKind.CHOICE:
+        return engine_pb2.StructuredOutput(
+            choice=engine_pb2.StringChoice(options=constraint.value))
+    return engine_pb2.StructuredOutput(**{kind.value: constraint.value})
 
 
 def sampling_params(options: SamplingOptions) -> engine_pb2.SamplingParams:
@@ -304,12 +382,16 @@ def stats_request() -> engine_pb2.EngineStatsRequest:
 
 
 def engine_load(message: engine_pb2.EngineStats) -> EngineLoad:
+    """The load fields of Stats, all of them (the waiting bounds make `is_waiting_full`)."""
     return EngineLoad(
         num_running=message.num_running,
         num_waiting=message.num_waiting,
         kv_usage=message.kv_usage,
         num_free_blocks=message.num_free_blocks,
         num_blocks=message.num_blocks,
+        num_waiting_tokens=message.num_waiting_tokens,
+        max_num_waiting_seqs=message.max_num_waiting_seqs,
+        max_num_waiting_tokens=message.max_num_waiting_tokens,
     )
 
 
@@ -405,8 +487,27 @@ def detok_start(options: DetokOptions) -> detok_pb2.DetokenizeRequest:
             include_stop_str_in_output=options.include_stop_str_in_output,
             skip_special_tokens=options.skip_special_tokens,
             spaces_between_special_tokens=options.spaces_between_special_tokens,
+            tool_calls=_tool_call_options(options.tool_calls),
         )
     )
+
+
+_TOOL_CALL_FORMATS = {
+    ToolCallFormat.HERMES: detok_pb2.TOOL_CALL_FORMAT_HERMES,
+    ToolCallFormat.LLAMA3_JSON: detok_pb2.TOOL_CALL_FORMAT_LLAMA3_JSON,
+    ToolCallFormat.JSON_ARRAY: detok_pb2.TOOL_CALL_FORMAT_JSON_ARRAY,
+    ToolCallFormat.NAMED: detok_pb2.TOOL_CALL_FORMAT_NAMED,
+}
+
+
+def _tool_call_options(parsing: ToolCallParsing | None) -> detok_pb2.ToolCallOptions | None:
+    if parsing is None:
+        return None
+    return detok_pb2.ToolCallOptions(
+        format=_TOOL_CALL_FORMATS[parsing.format], function_name=parsing.function_name,
+        max_calls=parsing.max_calls,
+        tools=[detok_pb2.ToolSpec(name=t.name, parameters_json=t.parameters_json,
+                                  strict=t.strict) for t in parsing.tools])
 
 
 def detok_tokens(token_ids: list[int]) -> detok_pb2.DetokenizeRequest:
@@ -423,5 +524,6 @@ def detok_reply(message: detok_pb2.DetokenizeResponse) -> DetokReply:
         match = message.stop_match
         stop_match = StopMatch(match.stop, match.stop_index, match.num_tokens)
     return DetokReply(
-        text_delta=message.text_delta, num_tokens=message.num_tokens, stop_match=stop_match
+        text_delta=message.text_delta, num_tokens=message.num_tokens, stop_match=stop_match,
+        tool_calls=[ToolCallDelta(d.index, d.id, d.name, d.arguments) for d in message.tool_calls],
     )

@@ -6,11 +6,18 @@ import jinja2
 
 from conveyor.tokenizer.chat_request import TemplateArguments
 from conveyor.tokenizer.errors import InvalidRequest
+from conveyor.tokenizer.tool_prompt import (
+    needs_tool_text,
+    template_knows_tools,
+    with_tools_in_text,
+)
 
 
 class ChatRenderer:
     """Renders conversations with the model's chat template (or a request's own).
 
+    A template that never mentions tools gets the request's tools and tool turns
+    written into the conversation's text (tool_prompt.py), so none is dropped.
     Any failure while rendering is the request's fault (its template, its
     messages or its kwargs), so every one becomes InvalidRequest; the message
     says whose template failed and why.
@@ -27,9 +34,13 @@ class ChatRenderer:
         """The prompt text of `args` (blocking: call it off the event loop)."""
         if args.chat_template is None and not self.has_template:
             raise InvalidRequest("this model has no chat template; pass chat_template")
+        conversation, tools = args.conversation, args.tools
+        template = args.chat_template or self._tokenizer.chat_template
+        if not template_knows_tools(template) and needs_tool_text(conversation, tools):
+            conversation, tools = with_tools_in_text(conversation, tools), None
         try:
             return self._tokenizer.apply_chat_template(
-                args.conversation, tools=args.tools, chat_template=args.chat_template,
+                conversation, tools=tools, chat_template=args.chat_template,
                 add_generation_prompt=args.add_generation_prompt,
                 continue_final_message=args.continue_final_message, tokenize=False,
                 **args.kwargs,
