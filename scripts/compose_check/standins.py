@@ -146,13 +146,13 @@ def _debootstrap_base(engine: str) -> Image:
     if not shutil.which("debootstrap"):
         raise RuntimeError(f"{PYTHON_BASE} cannot be pulled and debootstrap is missing "
                            "(scripts/compose_check/setup_podman.sh installs it)")
-    with tempfile.TemporaryDirectory(prefix="conveyor-rootfs-") as tmp:
+    print(f"  {PYTHON_BASE} cannot be pulled: making it with debootstrap (minutes)")
+    with (tempfile.TemporaryDirectory(prefix="conveyor-rootfs-") as tmp,
+          open(LOGS / "debootstrap.log", "w") as log):
         rootfs = Path(tmp) / "rootfs"
-        with open(LOGS / "debootstrap.log", "w") as log:
-            subprocess.run(["debootstrap", "--variant=minbase",
-                            f"--include={DEBIAN_PACKAGES}", "bookworm", str(rootfs),
-                            "http://deb.debian.org/debian"], check=True, stdout=log,
-                           stderr=subprocess.STDOUT)
+        subprocess.run(["debootstrap", "--variant=minbase", f"--include={DEBIAN_PACKAGES}",
+                        "bookworm", str(rootfs), "http://deb.debian.org/debian"], check=True,
+                       stdout=log, stderr=subprocess.STDOUT)
         # pip installs system-wide, as in the official image.
         (rootfs / "usr/lib/python3.11/EXTERNALLY-MANAGED").unlink(missing_ok=True)
         (rootfs / "etc/pip.conf").write_text(_pip_conf())
@@ -166,7 +166,7 @@ def _debootstrap_base(engine: str) -> Image:
                                     ":/sbin:/bin",
                         "--change", "ENV LANG=C.UTF-8", "--change", 'CMD ["python3"]',
                         "--change", f"LABEL {STANDIN_LABEL}=debootstrap",
-                        "-", PYTHON_BASE], stdin=tar.stdout, check=True,
-                       stdout=subprocess.DEVNULL)
+                        "-", PYTHON_BASE], stdin=tar.stdout, check=True, stdout=log,
+                       stderr=subprocess.STDOUT)
         tar.wait()
     return Image(PYTHON_BASE, "debootstrap")
