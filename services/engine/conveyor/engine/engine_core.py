@@ -24,7 +24,7 @@ from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.engine_stats import EngineStats
 from conveyor.engine.isolating_runner import IsolatingRunner, ModelRunnerLike
-from conveyor.engine.iteration_stats import IterationStats
+from conveyor.engine.iteration_stats import FinishedRequestStats, IterationStats
 from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.request_timing import PrefillChunk, RequestTiming
 from conveyor.engine.step_result import StepResult
@@ -134,7 +134,7 @@ class EngineCore:
         """
         result = StepResult()
         scheduler_output = self.scheduler.schedule()
-        result.num_scheduled_tokens = scheduler_output.num_batched_tokens
+        result.iteration.num_scheduled_tokens = scheduler_output.num_batched_tokens
         now = time.monotonic()
         self._mark_preempted(scheduler_output.preempted_request_ids, now)
         # This step's requests, looked up now: the scheduler forgets those that finish in it.
@@ -215,9 +215,9 @@ class EngineCore:
                 iteration.inter_token_latency.append(now - timing.last_token_time)
             timing.last_token_time = now
         if delta.finished:
-            iteration.e2e_latency.append(now - timing.arrival_time)
             timing.finish_time = now
             delta.timing = timing
+            iteration.finished.append(_finished_stats(request, delta, timing))
 
     def _finish(self, request: Request) -> None:
         """Forget a finished scheduler request (the scheduler has freed its blocks)."""
@@ -277,6 +277,20 @@ def _is_prefill(item: ScheduledRequest) -> bool:
     """True unless the step computes just the latest sampled token (a decode step)."""
     num_known = len(item.prompt_token_ids) + len(item.output_token_ids)
     return not item.output_token_ids or item.num_computed_tokens < num_known - 1
+
+
+def _finished_stats(request: Request, delta: RequestDelta,
+                    timing: RequestTiming) -> FinishedRequestStats:
+    """What the metrics keep of a finished sample (times 0 for phases it never reached)."""
+    scheduled = timing.first_scheduled_time or timing.finish_time
+    first_token = timing.first_token_time or timing.finish_time
+    return FinishedRequestStats(
+        finish_reason=delta.finish_reason.value,
+        e2e_latency=timing.finish_time - timing.arrival_time,
+        queue_time=scheduled - timing.arrival_time, prefill_time=first_token - scheduled,
+        decode_time=timing.finish_time - first_token, num_prompt_tokens=delta.num_prompt_tokens,
+        num_generation_tokens=delta.num_output_tokens,
+        max_tokens=request.sampling_params.max_tokens)
 
 
 def _end_chunks(chunks: list[PrefillChunk], now: float) -> None:

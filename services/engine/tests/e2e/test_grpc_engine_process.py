@@ -116,4 +116,4 @@ async def test_stats_and_prometheus_metrics(stub, engine_process):
                  "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
                  "time_to_first_token_seconds", "inter_token_latency_seconds",
                  "e2e_request_latency_seconds", "request_queue_time_seconds"):
-        assert f"conveyor:{name}" in text
+        assert f"vllm:{name}" in text
