@@ -19,7 +19,11 @@ from conveyor.engine.core.errors import DuplicateRequestId, WaitingQueueFull
 from conveyor.engine.core.request import FinishReason, Request
 from conveyor.engine.core.request_update import RequestUpdate
 from conveyor.engine.core.scheduler import Scheduler
-from conveyor.engine.core.scheduler_output import ModelRunnerOutput, ScheduledRequest
+from conveyor.engine.core.scheduler_output import (
+    ModelRunnerOutput,
+    PromptTokenLogprob,
+    ScheduledRequest,
+)
 from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.engine_stats import EngineStats
@@ -43,6 +47,8 @@ class EngineCore:
         """Caller request id -> its unfinished scheduler request ids (held ones included)."""
         self._held_siblings: dict[str, list[Request]] = {}
         """First sample's id -> samples 1..n-1, added once its prompt is cached."""
+        self._prompt_logprobs: dict[str, list[PromptTokenLogprob]] = {}
+        """Scheduler request id -> its prompt logprobs so far, until its first token."""
 
     @property
     def runner(self) -> ModelRunnerLike:
@@ -100,7 +106,9 @@ class EngineCore:
         if params.n > 1:
             request_id = f"{request.request_id}-{index}"
             seed = None if params.seed is None else sample_seed(params.seed, index)
-            params = dataclasses.replace(params, n=1, seed=seed)
+            prompt_logprobs = params.prompt_logprobs if index == 0 else None  # one copy
+            params = dataclasses.replace(params, n=1, seed=seed,
+                                         prompt_logprobs=prompt_logprobs)
         return Request(request_id, list(request.prompt_token_ids), params,
                        priority=request.priority, cache_salt=request.cache_salt,
                        output_token_ids=list(request.output_token_ids),
@@ -124,6 +132,7 @@ class EngineCore:
         for parent_id in request_ids:
             for request_id in self._children.pop(parent_id, []):
                 self._held_siblings.pop(request_id, None)
+                self._prompt_logprobs.pop(request_id, None)
                 self.scheduler.abort(request_id)  # False for a held sibling: never added
 
     def step(self) -> StepResult:
@@ -147,6 +156,8 @@ class EngineCore:
             return result
         executed = self._isolating.execute(scheduler_output)
         _end_chunks(prefills, time.monotonic())
+        for request_id, entries in executed.output.prompt_logprobs.items():
+            self._prompt_logprobs.setdefault(request_id, []).extend(entries)
         failed = self._abort_failed(executed.failures)
         updates = self.scheduler.update_from_output(scheduler_output, executed.output)
         result.deltas = [*failed, *self._collect(updates, in_step, result.iteration)]
@@ -169,6 +180,7 @@ class EngineCore:
 
     def _mark_preempted(self, request_ids: list[str], now: float) -> None:
         for request_id in request_ids:
+            self._prompt_logprobs.pop(request_id, None)  # its prompt is computed again
             request = self.scheduler.requests.get(request_id)
             if request is not None:
                 request.timing.preemption_times.append(now)
@@ -190,11 +202,15 @@ class EngineCore:
 
     def _delta(self, request: Request, update: RequestUpdate) -> RequestDelta:
         wants_logprobs = request.sampling_params.logprobs
+        prompt_logprobs = None
+        if update.new_token_ids or update.finish_reason is not None:
+            prompt_logprobs = self._prompt_logprobs.pop(request.request_id, None)
         return RequestDelta(
             request_id=request.caller_id,
             index=request.sample_index,
             new_token_ids=update.new_token_ids,
             new_logprobs=list(update.new_tokens) if wants_logprobs else None,
+            prompt_logprobs=prompt_logprobs,
             finish_reason=update.finish_reason,
             stop_token_id=_stop_token_of(request, update),
             num_prompt_tokens=update.num_prompt_tokens,
@@ -241,6 +257,7 @@ class EngineCore:
             if request is None:
                 continue
             self.scheduler.abort(request_id)
+            self._prompt_logprobs.pop(request_id, None)
             deltas.append(RequestDelta(
                 request_id=request.caller_id, index=request.sample_index,
                 finish_reason=FinishReason.ABORT,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from conveyor.engine.core.request import FinishReason
-from conveyor.engine.core.scheduler_output import SampledToken
+from conveyor.engine.core.scheduler_output import PromptTokenLogprob, SampledToken
 from conveyor.engine.request_timing import RequestTiming
 
 
@@ -22,6 +22,9 @@ class RequestDelta:
     new_token_ids: list[int] = field(default_factory=list)
     new_logprobs: list[SampledToken] | None = None
     """One entry per new token when the request asked for logprobs."""
+    prompt_logprobs: list[PromptTokenLogprob] | None = None
+    """On the delta with a request's first token, when it asked for prompt logprobs: one
+    entry per prompt position 1 .. num_prompt_tokens - 1."""
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None
     """The stop token id (EOS or one of stop_token_ids) that ended the request, if any."""

@@ -32,6 +32,8 @@ class SamplingParams(SamplingKnobs):
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    prompt_logprobs: int | None = None
+    """Logprobs of the prompt's tokens with this many alternatives each (None: none)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -59,6 +61,9 @@ class SamplingParams(SamplingKnobs):
                f"must be in [0, max_tokens], got {self.min_tokens}")
         _check(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs",
                f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS,
+               "prompt_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got "
+               f"{self.prompt_logprobs}")
         for token_id, bias in self.logit_bias.items():
             _check(-100.0 <= bias <= 100.0, "logit_bias",
                    f"bias for token {token_id} must be in [-100, 100], got {bias}")

@@ -128,6 +128,8 @@ def to_sampling_params(proto: engine_pb2.SamplingParams, default_max_tokens: int
         ignore_eos=proto.ignore_eos,
         logprobs=proto.logprobs or proto.top_logprobs > 0,
         top_logprobs=proto.top_logprobs,
+        prompt_logprobs=(proto.prompt_logprobs if proto.HasField("prompt_logprobs")
+                         else None),
     )
 
 
@@ -143,6 +145,10 @@ def to_response(delta: RequestDelta) -> engine_pb2.GenerateResponse:
     for sampled in delta.new_logprobs or ():
         position = response.logprobs.add(logprob=sampled.logprob or 0.0)
         for token_id, logprob in sampled.top_logprobs or ():
+            position.top.add(token_id=token_id, logprob=logprob)
+    for entry in delta.prompt_logprobs or ():
+        position = response.prompt_logprobs.add(logprob=entry.logprob, rank=entry.rank)
+        for token_id, logprob in entry.top:
             position.top.add(token_id=token_id, logprob=logprob)
     if delta.stop_token_id is not None:
         response.stop_token_id = delta.stop_token_id

@@ -18,7 +18,12 @@ from conveyor.common.settings import ServiceSettings
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.engine.core.config import SchedulerConfig
 from conveyor.engine.core.scheduler import Scheduler
-from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SampledToken, SchedulerOutput
+from conveyor.engine.core.scheduler_output import (
+    ModelRunnerOutput,
+    PromptTokenLogprob,
+    SampledToken,
+    SchedulerOutput,
+)
 from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.metrics import EngineMetrics
@@ -54,18 +59,33 @@ class FakeRunner:
         if self.fail_on is not None and any(
                 s.prompt_token_ids[0] == self.fail_on for s in output.scheduled):
             raise RuntimeError("injected model failure")
-        sampled = {}
+        sampled, prompt_logprobs = {}, {}
         for scheduled in output.scheduled:
             if scheduled.needs_sample:
                 sampled[scheduled.request_id] = SampledToken(
                     self._next(scheduled), logprob=-0.25, top_logprobs=[(1, -0.1), (2, -0.2)])
-        return ModelRunnerOutput(sampled)
+            entries = _prompt_logprobs(scheduled)
+            if entries:
+                prompt_logprobs[scheduled.request_id] = entries
+        return ModelRunnerOutput(sampled, prompt_logprobs)
 
     def _next(self, scheduled) -> int:
         if self.eos_after is not None and len(scheduled.output_token_ids) >= self.eos_after:
             return EOS
         history = scheduled.prompt_token_ids + scheduled.output_token_ids
         return (history[-1] + 1) % (VOCAB_SIZE - 1)
+
+
+def _prompt_logprobs(scheduled) -> list[PromptTokenLogprob]:
+    """For a request asking for prompt logprobs, one entry per prompt position p after the
+    first whose predecessor this step computed: logprob -token/100, rank p (so a test can
+    tell which positions came, and in what order)."""
+    prompt = scheduled.prompt_token_ids
+    if scheduled.sampling_params.prompt_logprobs is None or scheduled.output_token_ids:
+        return []
+    positions = range(scheduled.num_computed_tokens + 1, min(scheduled.seq_len + 1, len(prompt)))
+    return [PromptTokenLogprob(-prompt[p] / 100, p, [(prompt[p], -prompt[p] / 100)])
+            for p in positions]
 
 
 def make_core(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 128,

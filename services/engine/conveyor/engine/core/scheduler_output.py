@@ -75,7 +75,20 @@ class SampledToken:
 
 
 @dataclass(slots=True)
+class PromptTokenLogprob:
+    """A prompt token's logprob given the tokens before it, its rank (1: the most likely)
+    and the `top` alternatives (token_id, logprob), most likely first."""
+
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class ModelRunnerOutput:
     """Sampled tokens by request id; requests with needs_sample=False are absent."""
 
     sampled: dict[str, SampledToken] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[PromptTokenLogprob]] = field(default_factory=dict)
+    """For requests that asked for prompt logprobs, those of the prompt positions this
+    step computed (in order; see worker/prompt_logprobs.py)."""
