@@ -50,6 +50,7 @@ from conveyor.gateway.api_models import (
     detok_options,
     max_tokens_for,
     num_top_logprobs,
+    output_options,
     render_input,
     sampling_options,
 )
@@ -104,7 +105,8 @@ PreparePrompts = Callable[[Pipeline, GenerationBody], Awaitable[list[PromptToken
 ENGINE_HEADER = "x-conveyor-engine"
 """Response header naming the engine (registry id) that served the request."""
 SESSION_HEADER = "x-session-id"
-"""Request header whose value binds a conversation to one engine (else the body's `user`)."""
+"""Request header whose value binds a conversation to one engine (else the body's
+`prompt_cache_key`, else its `user`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,14 +126,16 @@ async def _render_conversation(pipeline: Pipeline,
 
 
 async def _tokenize_prompts(pipeline: Pipeline, body: CompletionRequest) -> list[PromptTokens]:
-    def prompt_input(prompt: str | list[int]) -> PromptInput:
+    async def tokenized(prompt: str | list[int]) -> PromptTokens:
         text, token_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
-        return PromptInput(text=text, token_ids=token_ids,
-                           add_special_tokens=body.add_special_tokens,
-                           max_tokens=body.requested_max_tokens or 0)
+        tokens = await pipeline.tokenizer.tokenize(PromptInput(
+            text=text, token_ids=token_ids, add_special_tokens=body.add_special_tokens,
+            max_tokens=body.requested_max_tokens or 0))
+        if body.echo and token_ids is not None:  # echo shows the text of the ids
+            tokens.prompt_text = await pipeline.tokenizer.decode(token_ids)
+        return tokens
 
-    return list(await asyncio.gather(
-        *(pipeline.tokenizer.tokenize(prompt_input(p)) for p in body.prompts)))
+    return list(await asyncio.gather(*(tokenized(p) for p in body.prompts)))
 
 
 CHAT = EndpointKind("chat_completions", "chatcmpl", "messages", ChatFormat,
@@ -214,7 +218,10 @@ class GenerationRequest:
         self.model = await self._step(pipeline.catalog.resolve(body.model))
         check_limits(body, self.model, pipeline.settings.max_n)
         self._plan = output_plan(body, ToolCallFormat(pipeline.settings.tool_call_parser))
-        self._priority = engine_priority(self.tenant.tier, body.priority)
+        tier = self.tenant.tier
+        self._priority = engine_priority(tier, tier.max_priority_offset if body.is_flex
+                                         else body.priority)
+        self._timeline.record(**body.timeline_fields)
         self._prompts = await self._step(self.kind.prepare_prompts(pipeline, body))
         self._max_tokens = [max_tokens_for(body.requested_max_tokens, p, self.kind.prompt_param)
                             for p in self._prompts]
@@ -347,10 +354,11 @@ class GenerationRequest:
 
     @property
     def session_key(self) -> str | None:
-        return self._headers.get(SESSION_HEADER) or self.body.user
+        return self._headers.get(SESSION_HEADER) or self.body.routing_key
 
     def response_format(self) -> ResponseFormat:
-        return self.kind.format(self.request_id, self.model.name, num_top_logprobs(self.body))
+        return self.kind.format(self.request_id, self.model.name, num_top_logprobs(self.body),
+                                output_options(self.body), self._prompts)
 
     # -- releases (registered on the exit stack) ----------------------------------------
 

@@ -52,19 +52,15 @@ from conveyor.gateway.errors import (
 )
 from conveyor.gateway.generation_request import CHAT, COMPLETIONS, EndpointKind, GenerationRequest
 from conveyor.gateway.pipeline import Pipeline
-from conveyor.gateway.response_formats import ChoiceResult, ResponseFormat, needed_token_ids
+from conveyor.gateway.response_formats import ChoiceResult, ResponseFormat
+from conveyor.gateway.text_services import ServedModel
 from conveyor.gateway.wire import PromptInput, RenderInput
 
 # -- response stream ---------------------------------------------------------------------
 
 log = logging.getLogger("conveyor.gateway.sse")
 
-DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def encode_event(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 class Lifeline:
@@ -162,12 +158,13 @@ class _Writer:
         self.request = self._request = request
         self.started = False
         self._last: dict | None = None
+        self._fmt: ResponseFormat | None = None
 
     async def serve(self) -> None:
         request = self._request
         await request.admit()
         first = await request.start()
-        fmt = request.response_format()
+        self._fmt = fmt = request.response_format()
         if request.body.stream:
             await self._stream(fmt, first)
         else:
@@ -183,7 +180,9 @@ class _Writer:
         request.end(error if isinstance(error, RequestTimedOut) else api_error)
         if self.started:
             log.info("stream ended by an error: %s %s", api_error.status, api_error.message)
-            await self._body(encode_event(api_error.body()) + DONE, more=False)
+            fmt = self._fmt
+            await self._body(b"".join(fmt.encode(c) for c in fmt.error_chunks(api_error))
+                             + fmt.stream_end, more=False)
         else:
             await self._json(api_error.status, api_error.body(), api_error.headers)
 
@@ -192,17 +191,17 @@ class _Writer:
         await self._start(200, {"content-type": "text/event-stream; charset=utf-8",
                                 **SSE_HEADERS})
         for chunk in fmt.opening_chunks(request.body.n * len(request.usage.prompt_lengths)):
-            await self._body(encode_event(chunk))
+            await self._body(fmt.encode(chunk))
         item = first
         while item is not None:
             index, delta = item
-            texts = await self._texts(fmt, delta.token_ids, delta.logprobs)
-            for chunk in fmt.chunks(index, delta, texts):
-                await self._body(encode_event(chunk))
+            texts = await self._texts(fmt.delta_token_ids(index, delta))
+            for chunk in fmt.delta_chunks(index, delta, texts):
+                await self._body(fmt.encode(chunk))
             item = await request.next_delta()
-        if request.body.include_usage:
-            await self._body(encode_event(fmt.usage_chunk(request.usage)))
-        await self._body(DONE, more=False)
+        for chunk in fmt.closing_chunks(request.usage):
+            await self._body(fmt.encode(chunk))
+        await self._body(fmt.stream_end, more=False)
 
     async def _collect(self, fmt: ResponseFormat, first) -> None:
         request = self._request
@@ -212,16 +211,14 @@ class _Writer:
         while item is not None:
             results[item[0]].add(item[1])
             item = await request.next_delta()
-        token_ids = [i for r in results for i in r.token_ids]
-        logprobs = [p for r in results for p in r.logprobs]
-        texts = await self._texts(fmt, token_ids, logprobs)
+        texts = await self._texts(fmt.result_token_ids(results))
         await self._json(200, fmt.response(results, texts, request.usage))
 
-    async def _texts(self, fmt: ResponseFormat, token_ids, logprobs) -> dict:
-        if not fmt.wants_logprobs or not logprobs:
+    async def _texts(self, token_ids: set[int]) -> dict[int, str]:
+        """The texts of the tokens the logprobs show (none asked: no call)."""
+        if not token_ids:
             return {}
-        return await self._request.pipeline.token_texts.texts(
-            needed_token_ids(token_ids, logprobs))
+        return await self._request.pipeline.token_texts.texts(token_ids)
 
     async def _json(self, status: int, payload: dict, headers: dict[str, str] | None = None):
         body = json.dumps(payload, separators=(",", ":")).encode()
@@ -271,13 +268,25 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     async def work(pipeline: Pipeline) -> dict:
-        model = await pipeline.catalog.model()
-        return {"object": "list", "data": [{
-            "id": model.name, "object": "model", "created": int(time.time()),
-            "owned_by": "conveyor", "root": model.name, "max_model_len": model.max_model_len,
-        }]}
+        return {"object": "list", "data": [_model_card(await pipeline.catalog.model())]}
 
     return await _serve_simple(request, "models", work)
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> Response:
+    """The model's card (as in the list), or 404 model_not_found."""
+    async def work(pipeline: Pipeline) -> dict:
+        return _model_card(await pipeline.catalog.resolve(model_id))
+
+    return await _serve_simple(request, "models", work)
+
+
+def _model_card(model: ServedModel) -> dict:
+    """vLLM's model card: OpenAI's fields, root, parent and max_model_len."""
+    return {"id": model.name, "object": "model", "created": int(time.time()),
+            "owned_by": "conveyor", "root": model.name, "parent": None,
+            "max_model_len": model.max_model_len}
 
 
 @router.post("/tokenize")
