@@ -148,22 +148,40 @@ TokenId = Annotated[int, Field(ge=0, le=UINT32_MAX)]
 TokenCount = Annotated[int, Field(ge=1, le=UINT32_MAX)]
 
 
-class _Body(BaseModel):
+class BodyPart(BaseModel):
+    """An object of a request body: unknown fields refused, types strict, numbers finite."""
+
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 UNSUPPORTED = "unsupported_parameter"
 """Error type of a field set to what this server cannot honour; its context's `param`
 names the field and `message` says why."""
+INVALID = "invalid_parameter"
+"""Error type of a field whose value is wrong given the others (context as UNSUPPORTED's)."""
 
 
-def unsupported(param: str, why: str) -> PydanticCustomError:
-    """The validation error of a field (`param`) this server refuses, saying why."""
-    return PydanticCustomError(UNSUPPORTED, "{message}",
-                               {"param": param, "message": f"{param} is not supported: {why}"})
+def refuse_set_fields(body: BaseModel, refused: dict[str, str]) -> None:
+    """Raise `unsupported` for the first field of `refused` (name -> why) that is set."""
+    for name, why in refused.items():
+        if getattr(body, name) is not None:
+            raise unsupported(name, why)
 
 
-class _RequestBody(_Body):
+def invalid(param: str, message: str) -> PydanticCustomError:
+    """The validation error of a field (`param`) that is wrong, saying why."""
+    return PydanticCustomError(INVALID, "{message}", {"param": param, "message": message})
+
+
+def unsupported(param: str, why: str, what: str | None = None) -> PydanticCustomError:
+    """The validation error of a field this server refuses, saying why: `param` names it
+    (`messages.audio`: the field `audio` of the message at the error's location), `what`
+    is what the message calls it (default: `param`)."""
+    return PydanticCustomError(UNSUPPORTED, "{message}", {
+        "param": param, "message": f"{what or param} is not supported: {why}"})
+
+
+class RequestBody(BodyPart):
     """A whole request body: strings are checked for lone surrogates once, at the top."""
 
     @model_validator(mode="before")
@@ -177,7 +195,7 @@ class _RequestBody(_Body):
         return data
 
 
-class StreamOptions(_Body):
+class StreamOptions(BodyPart):
     include_usage: bool = False
     continuous_usage_stats: bool = False
     """vLLM's: every chunk carries the usage so far (its choice's completion tokens)."""
@@ -188,7 +206,7 @@ class StreamOptions(_Body):
 
 # -- structured outputs and tools (mapped by output_constraints.py) -------------------------
 
-class JsonSchemaSpec(_Body):
+class JsonSchemaSpec(BodyPart):
     """response_format.json_schema: the schema the output must match."""
 
     name: str = Field(min_length=1, max_length=64)
@@ -198,15 +216,15 @@ class JsonSchemaSpec(_Body):
     """OpenAI's flag; the schema is enforced by constrained decoding whether set or not."""
 
 
-class TextFormat(_Body):
+class TextFormat(BodyPart):
     type: Literal["text"]
 
 
-class JsonObjectFormat(_Body):
+class JsonObjectFormat(BodyPart):
     type: Literal["json_object"]
 
 
-class JsonSchemaFormat(_Body):
+class JsonSchemaFormat(BodyPart):
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
@@ -215,7 +233,7 @@ ResponseFormatField = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat
                                 Field(discriminator="type")]
 
 
-class StructuredOutputsParams(_Body):
+class StructuredOutputsParams(BodyPart):
     """vLLM's `structured_outputs`: exactly one kind. Its other options (whitespace,
     structural tags, backends) are refused as unknown fields."""
 
@@ -228,23 +246,23 @@ class StructuredOutputsParams(_Body):
     json_object: bool | None = None
 
 
-class FunctionDefinition(_Body):
+class FunctionDefinition(BodyPart):
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class Tool(_Body):
+class Tool(BodyPart):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class FunctionName(_Body):
+class FunctionName(BodyPart):
     name: str = Field(min_length=1)
 
 
-class NamedToolChoice(_Body):
+class NamedToolChoice(BodyPart):
     type: Literal["function"]
     function: FunctionName
 
@@ -252,12 +270,12 @@ class NamedToolChoice(_Body):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-class TextPart(_Body):
+class TextPart(BodyPart):
     type: Literal["text"]
     text: str
 
 
-class RefusalPart(_Body):
+class RefusalPart(BodyPart):
     """An assistant's earlier refusal, fed back: rendered as its text."""
 
     type: Literal["refusal"]
@@ -267,7 +285,7 @@ class RefusalPart(_Body):
 ContentPart = Annotated[TextPart | RefusalPart, Field(discriminator="type")]
 
 
-class ChatMessage(_Body):
+class ChatMessage(BodyPart):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -305,7 +323,7 @@ class ChatMessage(_Body):
         return ""
 
 
-def _knob_field(knob: Knob) -> tuple[Any, Any]:
+def knob_field(knob: Knob) -> tuple[Any, Any]:
     """A body field for one row of the shared table: None when left out, bounded by the
     table's range (OpenAI's tighter api_le where it has one)."""
     spec = knob.spec
@@ -315,8 +333,8 @@ def _knob_field(knob: Knob) -> tuple[Any, Any]:
     return spec.type | None, Field(None, description=spec.doc, **bounds)
 
 
-_Knobs = create_model("_Knobs", __base__=_RequestBody,
-                      **{knob.name: _knob_field(knob) for knob in KNOBS})
+_Knobs = create_model("_Knobs", __base__=RequestBody,
+                      **{knob.name: knob_field(knob) for knob in KNOBS})
 """The optional sampling parameters (temperature, top_p, seed, ...), from the shared table."""
 
 
@@ -421,7 +439,7 @@ _REFUSED_CHAT_FIELDS = {
 """Fields of OpenAI's chat schema this server refuses whenever they are set (not null)."""
 
 
-class _OpenAIOptions(_RequestBody):
+class OpenAIOptions(RequestBody):
     """The OpenAI fields chat completions and responses share beyond sampling: honoured
     (metadata, service_tier, prompt_cache_key, safety_identifier), without effect on a
     model that has no reasoning and no verbosity training (reasoning_effort is chat's,
@@ -479,7 +497,7 @@ class _OpenAIOptions(_RequestBody):
         return fields
 
 
-class ChatCompletionRequest(_OpenAIOptions, _SamplingFields):
+class ChatCompletionRequest(OpenAIOptions, _SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
@@ -515,9 +533,7 @@ class ChatCompletionRequest(_OpenAIOptions, _SamplingFields):
 
     @model_validator(mode="after")
     def _refused_fields(self):
-        for name, why in _REFUSED_CHAT_FIELDS.items():
-            if getattr(self, name) is not None:
-                raise unsupported(name, why)
+        refuse_set_fields(self, _REFUSED_CHAT_FIELDS)
         if self.store:
             raise unsupported("store", "chat completions are not stored; send store false "
                               "or leave it out (the Responses API stores responses)")
@@ -584,7 +600,7 @@ class CompletionRequest(_SamplingFields):
         return list(self.prompt)
 
 
-class TokenizeRequest(_RequestBody):
+class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -598,7 +614,7 @@ class TokenizeRequest(_RequestBody):
         return self
 
 
-class DetokenizeRequest(_RequestBody):
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[TokenId]
 

@@ -251,18 +251,18 @@ class _Writer:
 router = APIRouter()
 
 
-def _pipeline(request: Request) -> Pipeline:
+def pipeline_of(request: Request) -> Pipeline:
     return request.app.state.pipeline
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return GenerationResponse(_pipeline(request), request, body, CHAT)
+    return GenerationResponse(pipeline_of(request), request, body, CHAT)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    return GenerationResponse(_pipeline(request), request, body, COMPLETIONS)
+    return GenerationResponse(pipeline_of(request), request, body, COMPLETIONS)
 
 
 @router.get("/v1/models")
@@ -270,7 +270,7 @@ async def list_models(request: Request) -> Response:
     async def work(pipeline: Pipeline) -> dict:
         return {"object": "list", "data": [_model_card(await pipeline.catalog.model())]}
 
-    return await _serve_simple(request, "models", work)
+    return await serve_simple(request, "models", work)
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -279,7 +279,7 @@ async def retrieve_model(model_id: str, request: Request) -> Response:
     async def work(pipeline: Pipeline) -> dict:
         return _model_card(await pipeline.catalog.resolve(model_id))
 
-    return await _serve_simple(request, "models", work)
+    return await serve_simple(request, "models", work)
 
 
 def _model_card(model: ServedModel) -> dict:
@@ -302,7 +302,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
         return {"count": prompt.num_tokens, "max_model_len": model.max_model_len,
                 "tokens": prompt.token_ids}
 
-    return await _serve_simple(request, "tokenize", work, prompt_param="prompt")
+    return await serve_simple(request, "tokenize", work, prompt_param="prompt")
 
 
 @router.post("/detokenize")
@@ -311,7 +311,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
         await pipeline.catalog.resolve(body.model)
         return {"prompt": await pipeline.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
-    return await _serve_simple(request, "detokenize", work, prompt_param="tokens")
+    return await serve_simple(request, "detokenize", work, prompt_param="tokens")
 
 
 @router.get("/v1/requests/{request_id}")
@@ -322,13 +322,13 @@ async def request_timeline(request_id: str, request: Request) -> Response:
         timeline = await pipeline.timelines.get(request_id, tenant.tenant_id)
         return {"object": "request.timeline", **timeline.to_dict()}
 
-    return await _serve_simple(request, "requests", work)
+    return await serve_simple(request, "requests", work)
 
 
 @router.get("/health")
 async def health(request: Request) -> Response:
     """503 while draining or while Redis, every engine, the tokenizer or detok is down."""
-    pipeline = _pipeline(request)
+    pipeline = pipeline_of(request)
     if pipeline.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     engines, redis_up, tokenizer_up, detok_up = await asyncio.gather(
@@ -343,7 +343,7 @@ async def health(request: Request) -> Response:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    registry = _pipeline(request).metrics
+    registry = pipeline_of(request).metrics
     return Response(registry.render(), media_type=registry.content_type)
 
 
@@ -361,11 +361,11 @@ async def _redis_up(pipeline: Pipeline) -> bool:
         return False
 
 
-async def _serve_simple(request: Request, endpoint: str,
+async def serve_simple(request: Request, endpoint: str,
                         work: Callable[[Pipeline], Awaitable[dict]],
                         prompt_param: str | None = None) -> Response:
     """A unary endpoint: its metrics, and any failure as an OpenAI error body."""
-    pipeline = _pipeline(request)
+    pipeline = pipeline_of(request)
     record = pipeline.metrics.start(endpoint)
     try:
         response = JSONResponse(await work(pipeline))
