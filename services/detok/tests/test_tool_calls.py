@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from conveyor.detok.errors import InvalidStreamError
+from conveyor.detok.offered_tools import ToolSpec
 from conveyor.detok.stream import DetokenizeStream, StreamStart
 from conveyor.detok.tool_call_formats import ParsedCall, ToolCallFormat, format_reader
 from conveyor.detok.tool_call_stream import ToolCallOptions, ToolCallStream, call_id
@@ -166,3 +168,30 @@ def test_parsed_call_arguments_are_compact_json():
     parsed = format_reader(ToolCallFormat.HERMES)(
         '<tool_call>{"name":"f","arguments":{"a":  [1,2]}}</tool_call>', True)
     assert parsed.calls == [ParsedCall("f", '{"a": [1, 2]}')]
+
+
+STRICT_WEATHER = ToolSpec("get_weather", {"type": "object", "properties": {
+    "city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}, True)
+
+
+@pytest.mark.parametrize("tools, text, is_call", [
+    ((STRICT_WEATHER,), '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+     '</tool_call>', True),
+    ((STRICT_WEATHER,), '<tool_call>{"name": "get_weather", "arguments": {"town": "Oslo"}}'
+     '</tool_call>', False),  # strict: the arguments must validate
+    ((ToolSpec("get_weather", STRICT_WEATHER.parameters),),
+     '<tool_call>{"name": "get_weather", "arguments": {"town": "Oslo"}}</tool_call>', True),
+    ((STRICT_WEATHER,), '<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>',
+     False),  # not offered
+    ((), '<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>', True),
+])
+def test_only_calls_of_offered_tools_count_and_strict_ones_must_validate(tools, text, is_call):
+    content, calls = _streamed(ToolCallOptions(ToolCallFormat.HERMES, tools=tools), [text])
+    assert (bool(calls), content == text) == (is_call, not is_call)
+
+
+def test_a_tool_whose_parameters_are_no_schema_is_refused(tokenizer):
+    options = ToolCallOptions(ToolCallFormat.HERMES, tools=(
+        ToolSpec("f", {"type": "nonsense"}, strict=True),))
+    with pytest.raises(InvalidStreamError, match="parameters of tool 'f' are not a valid"):
+        DetokenizeStream(tokenizer, StreamStart(tool_calls=options))

@@ -89,7 +89,12 @@ def test_unknown_structured_outputs_options_are_refused_by_name():
 
 
 def test_tool_choice_auto_reads_calls_in_the_configured_format():
-    assert plan_of(chat(tools=TOOLS)).tool_calls.format is ToolCallFormat.HERMES
+    auto = plan_of(chat(tools=TOOLS)).tool_calls
+    assert auto.format is ToolCallFormat.HERMES
+    assert [(t.name, t.parameters_json) for t in auto.tools] == [
+        ("get_weather", json.dumps(PARAMS)), ("get_time", "")]
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+    assert [t.strict for t in plan_of(chat(tools=strict)).tool_calls.tools] == [True]
     assert output_plan(chat(tools=TOOLS), ToolCallFormat.LLAMA3_JSON).tool_calls.format \
         is ToolCallFormat.LLAMA3_JSON
     one = plan_of(chat(tools=TOOLS, parallel_tool_calls=False))

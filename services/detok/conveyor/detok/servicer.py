@@ -3,6 +3,7 @@ stream's domain types (nothing past this file imports *_pb2)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 
@@ -12,6 +13,7 @@ from conveyor.common.errors import ERROR_REASON_KEY, INVALID_REQUEST
 from conveyor.common.log import request_id_var
 from conveyor.detok.decode_options import DecodeOptions
 from conveyor.detok.errors import InvalidStreamError
+from conveyor.detok.offered_tools import ToolSpec
 from conveyor.detok.stream import DetokenizeStream, StreamOutput, StreamStart
 from conveyor.detok.tool_call_formats import ToolCallFormat
 from conveyor.detok.tool_call_stream import ToolCallOptions
@@ -95,7 +97,18 @@ def _tool_call_options(start) -> ToolCallOptions | None:
     if options.format == detok_pb2.TOOL_CALL_FORMAT_NAMED and not options.function_name:
         raise InvalidStreamError("tool_calls.function_name is required with the NAMED format")
     return ToolCallOptions(_TOOL_CALL_FORMATS[options.format], options.function_name,
-                           options.max_calls)
+                           options.max_calls, tuple(_tool_spec(t) for t in options.tools))
+
+
+def _tool_spec(tool) -> ToolSpec:
+    try:
+        parameters = json.loads(tool.parameters_json) if tool.parameters_json else None
+    except json.JSONDecodeError as error:
+        raise InvalidStreamError(f"the parameters of tool {tool.name!r} are not JSON: "
+                                 f"{error}") from None
+    if parameters is not None and not isinstance(parameters, dict):
+        raise InvalidStreamError(f"the parameters of tool {tool.name!r} must be a JSON object")
+    return ToolSpec(tool.name, parameters, tool.strict)
 
 
 def _start_from_proto(start) -> StreamStart:

@@ -33,6 +33,13 @@ class ParsedText:
 
 
 Format = Callable[[str, bool], ParsedText]
+Accept = Callable[[ParsedCall], bool]
+"""Whether a well-formed call counts (its function is offered, its arguments valid); one
+that does not is read as malformed: content."""
+
+
+def _any_call(call: ParsedCall) -> bool:
+    return True
 
 
 class ToolCallFormat(Enum):
@@ -42,12 +49,16 @@ class ToolCallFormat(Enum):
     NAMED = "named"
 
 
-def format_reader(fmt: ToolCallFormat, function_name: str = "") -> Format:
-    """The reader of `fmt` (NAMED: a call of `function_name`)."""
+def format_reader(fmt: ToolCallFormat, function_name: str = "",
+                  accept: Accept = _any_call) -> Format:
+    """The reader of `fmt` (NAMED: a call of `function_name`). `accept` judges the calls of
+    the free formats (HERMES, LLAMA3_JSON); the others are constrained by a grammar."""
     if fmt is ToolCallFormat.NAMED:
         return lambda text, final: read_named(function_name, text, final)
-    return {ToolCallFormat.HERMES: read_hermes, ToolCallFormat.LLAMA3_JSON: read_llama3_json,
-            ToolCallFormat.JSON_ARRAY: read_json_array}[fmt]
+    if fmt is ToolCallFormat.JSON_ARRAY:
+        return read_json_array
+    read = read_hermes if fmt is ToolCallFormat.HERMES else read_llama3_json
+    return lambda text, final: read(text, final, accept)
 
 
 # -- hermes ------------------------------------------------------------------------------
@@ -55,7 +66,7 @@ def format_reader(fmt: ToolCallFormat, function_name: str = "") -> Format:
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 
 
-def read_hermes(text: str, final: bool) -> ParsedText:
+def read_hermes(text: str, final: bool, accept: Accept = _any_call) -> ParsedText:
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks among content. A
     block whose JSON is no call stays content; at the end an unclosed block counts if its
     JSON is whole (small models often stop before the closing tag)."""
@@ -75,7 +86,7 @@ def read_hermes(text: str, final: bool) -> ParsedText:
             break  # the block is still being written
         block_end = len(text) if end < 0 else end + len(HERMES_CLOSE)
         call = _call_of(text[body_start:len(text) if end < 0 else end], "arguments")
-        if call is None:
+        if call is None or not accept(call):
             content.append(text[start:block_end])
         else:
             calls.append(call)
@@ -98,7 +109,7 @@ def _partial_marker(text: str) -> int:
 PYTHON_TAG = "<|python_tag|>"
 
 
-def read_llama3_json(text: str, final: bool) -> ParsedText:
+def read_llama3_json(text: str, final: bool, accept: Accept = _any_call) -> ParsedText:
     """The whole text is calls (`{"name": ..., "parameters": {...}}`, `;`-separated, after
     an optional <|python_tag|>) or the whole text is content: decided by its first
     character, and for calls only once the text is whole."""
@@ -111,7 +122,9 @@ def read_llama3_json(text: str, final: bool) -> ParsedText:
     if not final:
         return ParsedText()
     calls = _semicolon_calls(body)
-    return ParsedText("", calls) if calls else ParsedText(text)
+    if not calls or not all(accept(call) for call in calls):
+        return ParsedText(text)
+    return ParsedText("", calls)
 
 
 def _semicolon_calls(body: str) -> list[ParsedCall] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from conveyor.detok.offered_tools import ToolSpec, call_acceptor
 from conveyor.detok.tool_call_formats import ToolCallFormat, format_reader
 
 
@@ -24,6 +25,8 @@ class ToolCallOptions:
     """The function a NAMED stream calls."""
     max_calls: int = 0
     """Most calls kept (0: no limit); later ones are dropped."""
+    tools: tuple[ToolSpec, ...] = ()
+    """The functions offered (offered_tools.py); empty: any call counts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +49,8 @@ class ToolCallStream:
     """Content and tool-call deltas of one stream's text."""
 
     def __init__(self, options: ToolCallOptions, request_id: str):
-        self._read = format_reader(options.format, options.function_name)
+        self._read = format_reader(options.format, options.function_name,
+                                   call_acceptor(options.tools))
         self._max_calls = options.max_calls or None
         self._request_id = request_id
         self._text = ""

@@ -12,8 +12,10 @@ whichever field carries it:
 
 Two at once is a 400 naming the second. Tool calls are read back out of the text by
 detok: for tool_choice "auto" (the default with tools) in the model family's format
-(the gateway's tool_call_parser setting), for "required" as that JSON array, for a
-named function as its arguments; "none", or no tools, reads none.
+(the gateway's tool_call_parser setting), where only calls of the offered functions
+count and a strict function's calls must validate against its parameters (else they
+stay content); for "required" as that JSON array, for a named function as its
+arguments (both enforced by the constraint); "none", or no tools, reads none.
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ from conveyor.gateway.api_models import (
     NamedToolChoice,
 )
 from conveyor.gateway.errors import bad_request
-from conveyor.gateway.wire import Constraint, ConstraintKind, ToolCallFormat, ToolCallParsing
+from conveyor.gateway.wire import (
+    Constraint,
+    ConstraintKind,
+    OfferedTool,
+    ToolCallFormat,
+    ToolCallParsing,
+)
 
 GRAMMAR_BACKENDS = ("auto", "guidance")
 """Values of guided_decoding_backend the engine honours (it has one grammar library)."""
@@ -145,9 +153,12 @@ def _tool_plan(body: ChatCompletionRequest, auto_format: ToolCallFormat) -> Outp
     choice = body.tool_choice or ("auto" if tools else "none")
     max_calls = 0 if body.parallel_tool_calls else 1
     if choice in ("none", "auto"):
-        reads = tools and choice == "auto"
-        return OutputPlan(None, ToolCallParsing(auto_format, max_calls=max_calls)
-                          if reads else None)
+        if not tools or choice == "none":
+            return OutputPlan()
+        offered = tuple(OfferedTool(name, json.dumps(f.parameters) if f.parameters else "",
+                                    bool(f.strict)) for name, f in tools.items())
+        return OutputPlan(None, ToolCallParsing(auto_format, max_calls=max_calls,
+                                                tools=offered))
     if not tools:
         raise bad_request("tool_choice needs tools: none were given", "tool_choice")
     if isinstance(choice, NamedToolChoice):

@@ -219,6 +219,16 @@ class ToolCallFormat(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class OfferedTool:
+    """A function the model may call: its name, parameters schema (JSON text; empty: any
+    object) and whether its calls must validate against it."""
+
+    name: str
+    parameters_json: str = ""
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallParsing:
     """Which tool calls detok reads out of a stream's text."""
 
@@ -227,6 +237,8 @@ class ToolCallParsing:
     """The function a NAMED stream calls."""
     max_calls: int = 0
     """Most calls kept (0: no limit)."""
+    tools: tuple[OfferedTool, ...] = ()
+    """The functions offered: calls of others, and strict ones' invalid calls, stay text."""
 
 
 @dataclass(slots=True)
@@ -386,12 +398,16 @@ def stats_request() -> engine_pb2.EngineStatsRequest:
 
 
 def engine_load(message: engine_pb2.EngineStats) -> EngineLoad:
+    """The load fields of Stats, all of them (the waiting bounds make `is_waiting_full`)."""
     return EngineLoad(
         num_running=message.num_running,
         num_waiting=message.num_waiting,
         kv_usage=message.kv_usage,
         num_free_blocks=message.num_free_blocks,
         num_blocks=message.num_blocks,
+        num_waiting_tokens=message.num_waiting_tokens,
+        max_num_waiting_seqs=message.max_num_waiting_seqs,
+        max_num_waiting_tokens=message.max_num_waiting_tokens,
     )
 
 
@@ -503,9 +519,11 @@ _TOOL_CALL_FORMATS = {
 def _tool_call_options(parsing: ToolCallParsing | None) -> detok_pb2.ToolCallOptions | None:
     if parsing is None:
         return None
-    return detok_pb2.ToolCallOptions(format=_TOOL_CALL_FORMATS[parsing.format],
-                                     function_name=parsing.function_name,
-                                     max_calls=parsing.max_calls)
+    return detok_pb2.ToolCallOptions(
+        format=_TOOL_CALL_FORMATS[parsing.format], function_name=parsing.function_name,
+        max_calls=parsing.max_calls,
+        tools=[detok_pb2.ToolSpec(name=t.name, parameters_json=t.parameters_json,
+                                  strict=t.strict) for t in parsing.tools])
 
 
 def detok_tokens(token_ids: list[int]) -> detok_pb2.DetokenizeRequest:

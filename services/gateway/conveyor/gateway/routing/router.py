@@ -226,8 +226,7 @@ class StaticEngines:
                 answering.append((engine, load))
         facts = await asyncio.gather(*(self._facts_of(e) for e, _ in answering))
         entries = [
-            EngineEntry(fact.engine_id or engine.address, engine.address, fact.model,
-                        EngineLoad(load.num_running, load.num_waiting, load.kv_usage))
+            EngineEntry(fact.engine_id or engine.address, engine.address, fact.model, load)
             for (engine, load), fact in zip(answering, facts, strict=True) if fact is not None
         ]
         return [e for e in entries if model is None or e.model == model]
