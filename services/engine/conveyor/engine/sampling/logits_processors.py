@@ -11,7 +11,23 @@ from __future__ import annotations
 
 import torch
 
-from conveyor.engine.sampling.sampling_batch import PenaltyInputs, SamplingBatch, TokenMask
+from conveyor.engine.sampling.sampling_batch import (
+    GrammarMask,
+    PenaltyInputs,
+    SamplingBatch,
+    TokenMask,
+)
+
+
+def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> None:
+    """-inf at every token a constrained row's grammar does not allow, all rows in one go
+    (the bits unpacked on the logits' device); unconstrained rows are left alone."""
+    num_rows, vocab = mask.bitmask.shape[0], logits.shape[1]
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    bits = (mask.bitmask.unsqueeze(-1) >> shifts) & 1
+    disallowed = bits.view(num_rows, -1)[:, :vocab] == 0
+    rows = logits.index_select(0, mask.rows).masked_fill_(disallowed, float("-inf"))
+    logits.index_copy_(0, mask.rows, rows)
 
 
 def apply_token_mask(logits: torch.Tensor, mask: TokenMask) -> None:

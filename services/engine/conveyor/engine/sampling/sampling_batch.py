@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from conveyor.common.sampling_fields import DEFAULTS
@@ -22,6 +23,15 @@ class TokenMask:
     rows: torch.Tensor
     tokens: torch.Tensor
     values: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class GrammarMask:
+    """The tokens each constrained row may take next: `bitmask[k]` (int32 words, token t
+    at bit t % 32 of word t // 32) is the mask of row `rows[k]`."""
+
+    rows: torch.Tensor
+    bitmask: torch.Tensor
 
 
 @dataclass(slots=True)
@@ -51,6 +61,7 @@ class SamplingBatch:
     penalties: PenaltyInputs | None
     logit_bias: TokenMask | None
     min_tokens_mask: TokenMask | None
+    grammar_mask: GrammarMask | None
     seeds: list[tuple[int, int]]
     """(row, generator seed) for rows with a per-request seed."""
     max_top_logprobs: int
@@ -86,6 +97,7 @@ class SamplingBatch:
             penalties=_penalty_inputs(requests, vocab_size, device),
             logit_bias=_logit_bias(params, device),
             min_tokens_mask=_min_tokens_mask(requests, eos_token_ids, device),
+            grammar_mask=_grammar_mask(requests, vocab_size, device),
             seeds=[(row, seed_for_position(r.sampling_params.seed, len(r.output_token_ids)))
                    for row, r in enumerate(requests) if r.sampling_params.seed is not None],
             max_top_logprobs=max((p.top_logprobs for p in params), default=0),
@@ -99,7 +111,10 @@ def _on_device(values, device: torch.device, dtype: torch.dtype | None = None) -
     """`values` as a tensor on `device`. On CUDA it goes up from pinned memory without
     blocking: torch.tensor(..., device="cuda") synchronises the stream, which made a
     step wait for the device once per sampling tensor."""
-    tensor = torch.tensor(values, dtype=dtype)
+    return _moved(torch.tensor(values, dtype=dtype), device)
+
+
+def _moved(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
@@ -151,11 +166,14 @@ def _logit_bias(params, device: torch.device) -> TokenMask | None:
 
 def _min_tokens_mask(requests: Sequence[ScheduledRequest], eos_token_ids: Sequence[int],
                      device: torch.device) -> TokenMask | None:
-    """EOS (unless ignore_eos) and stop ids of rows still short of min_tokens."""
+    """EOS (unless ignore_eos) and stop ids of rows still short of min_tokens; not for a
+    row whose constraint is complete (EOS is all its grammar allows)."""
     pairs = []
     for row, r in enumerate(requests):
         p = r.sampling_params
         if len(r.output_token_ids) >= p.min_tokens:
+            continue
+        if r.grammar is not None and r.grammar.is_complete:
             continue
         stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
         pairs.extend((row, token) for token in stops)
@@ -163,3 +181,15 @@ def _min_tokens_mask(requests: Sequence[ScheduledRequest], eos_token_ids: Sequen
         return None
     rows, tokens = zip(*pairs, strict=True)
     return TokenMask(_on_device(rows, device), _on_device(tokens, device))
+
+
+def _grammar_mask(requests: Sequence[ScheduledRequest], vocab_size: int,
+                  device: torch.device) -> GrammarMask | None:
+    """Each constrained row's next-token mask, filled by its matcher on the host."""
+    rows = [row for row, r in enumerate(requests) if r.grammar is not None]
+    if not rows:
+        return None
+    bitmask = np.empty((len(rows), (vocab_size + 31) // 32), dtype=np.int32)
+    for k, row in enumerate(rows):
+        requests[row].grammar.fill_bitmask(bitmask[k])
+    return GrammarMask(_on_device(rows, device), _moved(torch.from_numpy(bitmask), device))

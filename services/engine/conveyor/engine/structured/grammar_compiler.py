@@ -1,0 +1,90 @@
+"""Compiling constraints into grammars on a small thread pool, cached by (kind, text)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import llguidance
+
+from conveyor.engine.structured.errors import InvalidConstraint
+from conveyor.engine.structured.grammar_matcher import GrammarMatcher
+from conveyor.engine.structured.llguidance_grammar import llguidance_grammar
+from conveyor.engine.structured.structured_outputs_params import StructuredOutputsParams
+
+log = logging.getLogger("conveyor.engine.structured")
+
+
+class CompiledGrammar:
+    """A grammar built for the model's tokenizer: a matcher at the start of the output,
+    copied (a few microseconds) for each sample that uses it. Never advanced itself."""
+
+    __slots__ = ("_template",)
+
+    def __init__(self, template: llguidance.LLMatcher) -> None:
+        self._template = template
+
+    def new_matcher(self) -> GrammarMatcher:
+        return GrammarMatcher(self._template.deep_copy())
+
+
+class GrammarCompiler:
+    """Compiles constraints off the step loop and keeps the latest `cache_size` of them.
+
+    `compile` returns at once a Future of the CompiledGrammar, which raises
+    InvalidConstraint with the library's message for a constraint that does not compile.
+    Requests with the same (kind, text) share one future while it is cached (failures
+    included: the same bad schema gets the same answer without compiling again). Only
+    the engine loop thread calls `compile`; the pool's threads only build grammars (the
+    library drops the GIL while it does, so a long compile does not stall the loop).
+    A compile nobody waits for any more runs to its end and stays cached.
+    """
+
+    def __init__(self, tokenizer: llguidance.LLTokenizer, num_threads: int,
+                 cache_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
+        self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="grammar-compile")
+
+    def compile(self, params: StructuredOutputsParams) -> Future[CompiledGrammar]:
+        key = params.key
+        future = self._cache.get(key)
+        if future is not None:
+            self._cache.move_to_end(key)
+            return future
+        future = self._pool.submit(self._build, params)
+        self._cache[key] = future
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return future
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cache)
+
+    def close(self) -> None:
+        """Drop queued compiles; one already running finishes in its thread."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _build(self, params: StructuredOutputsParams) -> CompiledGrammar:
+        start = time.perf_counter()
+        template = llguidance.LLMatcher(self.tokenizer, llguidance_grammar(params), log_level=0)
+        if template.is_error():
+            raise InvalidConstraint(f"structured output {params.kind} does not compile: "
+                                    f"{template.get_error()}")
+        log.debug("compiled a %s grammar in %.1f ms", params.kind,
+                  (time.perf_counter() - start) * 1e3)
+        return CompiledGrammar(template)
+
+
+def grammar_tokenizer(hf_tokenizer, vocab_size: int,
+                      eos_token_ids: tuple[int, ...]) -> llguidance.LLTokenizer:
+    """The library's view of the model's (fast) HF tokenizer: `vocab_size` mask bits (the
+    model's vocabulary, which may exceed the tokenizer's), and EOS the model's EOS ids,
+    which a mask allows once the output is a whole match. Takes ~0.2 s: built once."""
+    backend = hf_tokenizer.backend_tokenizer
+    return llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size,
+                                  eos_token=list(eos_token_ids))
