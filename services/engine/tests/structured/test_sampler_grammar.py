@@ -94,3 +94,14 @@ def test_min_tokens_still_holds_eos_back_where_the_constraint_may_go_on(matcher)
     held = SamplingParams(temperature=0.0, min_tokens=3)
     assert sample([row(free, grammar, output=[A])], logits)[0].token_id == EOS
     assert sample([row(held, grammar, output=[A])], logits)[0].token_id == A
+
+
+def test_the_device_unpacking_of_masks_matches_the_hosts():
+    import numpy as np
+
+    from conveyor.engine.sampling.sampling_batch import _disallowed, unpack_disallowed
+
+    bitmask = np.random.default_rng(0).integers(-2**31, 2**31, (3, 4), dtype=np.int32)
+    on_host = _disallowed(bitmask, 100, torch.device("cpu"))
+    assert torch.equal(unpack_disallowed(torch.from_numpy(bitmask), 100), on_host)
+    assert on_host[0, 5].item() == (not bitmask[0, 0] >> 5 & 1)

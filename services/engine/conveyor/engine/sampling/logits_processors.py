@@ -20,13 +20,12 @@ from conveyor.engine.sampling.sampling_batch import (
 
 
 def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> None:
-    """-inf at every token a constrained row's grammar does not allow, all rows in one go
-    (the bits unpacked on the logits' device); unconstrained rows are left alone."""
-    num_rows, vocab = mask.bitmask.shape[0], logits.shape[1]
-    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-    bits = (mask.bitmask.unsqueeze(-1) >> shifts) & 1
-    disallowed = bits.view(num_rows, -1)[:, :vocab] == 0
-    rows = logits.index_select(0, mask.rows).masked_fill_(disallowed, float("-inf"))
+    """-inf at every token a constrained row's grammar does not allow, all rows in one op;
+    unconstrained rows are left alone."""
+    if mask.covers_batch:
+        logits.masked_fill_(mask.disallowed, float("-inf"))
+        return
+    rows = logits.index_select(0, mask.rows).masked_fill_(mask.disallowed, float("-inf"))
     logits.index_copy_(0, mask.rows, rows)
 
 
