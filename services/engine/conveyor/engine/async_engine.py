@@ -118,6 +118,8 @@ class AsyncEngine:
             self._lock.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        if self.core is not None:
+            self.core.close()
         self._fail_all_streams(EngineStoppedError("the engine is shutting down"))
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestDelta]:

@@ -161,6 +161,11 @@ class EngineCore:
                 self._awaiting_grammar.pop(request_id, None)
                 self.scheduler.abort(request_id)  # False for a held sibling: never added
 
+    def close(self) -> None:
+        """Drop queued grammar compiles (one already running finishes in its thread)."""
+        if self.grammars is not None:
+            self.grammars.close()
+
     def step(self) -> StepResult:
         """Schedule, run the model, and report what each request gained.
 

@@ -165,3 +165,37 @@ async def test_a_bad_regex_is_invalid_argument_with_the_librarys_message(support
     assert (ERROR_REASON_KEY, INVALID_REQUEST) in tuple(error.trailing_metadata())
     assert engine.num_streams == 0
     assert_nothing_left(core)
+
+
+@pytest.mark.parametrize(("proto", "expected"), [
+    (engine_pb2.StructuredOutput(json_schema='{"type": "object"}'),
+     StructuredOutputsParams(json='{"type": "object"}')),
+    (engine_pb2.StructuredOutput(json_object=True), StructuredOutputsParams(json_object=True)),
+    (engine_pb2.StructuredOutput(regex="[0-9]+"), StructuredOutputsParams(regex="[0-9]+")),
+    (engine_pb2.StructuredOutput(choice=engine_pb2.StringChoice(options=["a", "b"])),
+     StructuredOutputsParams(choice=["a", "b"])),
+    (engine_pb2.StructuredOutput(grammar="start: /a+/"),
+     StructuredOutputsParams(grammar="start: /a+/")),
+    (None, None),
+])
+def test_the_servicer_maps_each_kind_of_the_proto_field(proto, expected):
+    from conveyor.engine.servicer import to_structured_outputs
+
+    request = engine_pb2.GenerateRequest(prompt_token_ids=[1])
+    if proto is not None:
+        request.structured_output.CopyFrom(proto)
+    assert to_structured_outputs(request) == expected
+
+
+@pytest.mark.parametrize(("proto", "message"), [
+    (engine_pb2.StructuredOutput(), "structured_output has no kind set"),
+    (engine_pb2.StructuredOutput(json_object=False), "json_object must be true"),
+    (engine_pb2.StructuredOutput(choice=engine_pb2.StringChoice()), "at least one option"),
+])
+def test_the_servicer_refuses_a_constraint_without_meaning(proto, message):
+    from conveyor.engine.sampling_params import InvalidSamplingParams
+    from conveyor.engine.servicer import to_structured_outputs
+
+    request = engine_pb2.GenerateRequest(prompt_token_ids=[1], structured_output=proto)
+    with pytest.raises(InvalidSamplingParams, match=message):
+        to_structured_outputs(request)

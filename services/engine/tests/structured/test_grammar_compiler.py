@@ -3,6 +3,8 @@ message, and compiled grammars are cached by (kind, text) within a bound."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 
 import numpy as np
@@ -67,16 +69,25 @@ def test_the_same_constraint_shares_one_compile_and_the_cache_is_bounded(make_ti
     assert compiler.compile(StructuredOutputsParams(regex="a+")) is not first
 
 
-def test_compiles_run_on_the_pool_not_the_callers_thread(make_tiny_compiler, monkeypatch):
+def test_compiles_run_on_the_pool_below_the_engines_priority(make_tiny_compiler, monkeypatch):
     from conveyor.engine.structured import grammar_compiler
 
-    threads = []
+    seen = []
     real = grammar_compiler.llguidance_grammar
-    monkeypatch.setattr(grammar_compiler, "llguidance_grammar",
-                        lambda params: threads.append(threading.current_thread()) or real(params))
+
+    def spy(params):
+        niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen.append((threading.current_thread(), niceness))
+        return real(params)
+
+    monkeypatch.setattr(grammar_compiler, "llguidance_grammar", spy)
     make_tiny_compiler(TOKENS, EOS).compile(StructuredOutputsParams(regex="a")).result()
-    assert threads and threads[0] is not threading.current_thread()
-    assert threads[0].name.startswith("grammar-compile")
+    [(thread, niceness)] = seen
+    assert thread is not threading.current_thread()
+    assert thread.name.startswith("grammar-compile")
+    if sys.platform == "linux":
+        own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        assert niceness == min(19, own + grammar_compiler.COMPILE_THREAD_NICENESS)
 
 
 def test_matchers_of_one_grammar_are_independent(make_tiny_compiler):

@@ -57,7 +57,7 @@ class GrammarCompiler:
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
         self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="grammar-compile",
-                                        initializer=_lower_priority)
+                                        initializer=lower_thread_priority)
 
     def compile(self, params: StructuredOutputsParams) -> Future[CompiledGrammar]:
         key = params.key
@@ -90,11 +90,15 @@ class GrammarCompiler:
         return CompiledGrammar(template)
 
 
-def _lower_priority() -> None:
-    """Run this (new) compile thread COMPILE_THREAD_NICENESS below the rest of the engine.
-    Linux only: elsewhere setpriority would lower the whole process."""
-    if sys.platform == "linux":
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_THREAD_NICENESS)
+def lower_thread_priority() -> None:
+    """Run the calling thread (a compile thread, as it starts) COMPILE_THREAD_NICENESS
+    below the rest of the engine. Linux only: elsewhere setpriority would lower the whole
+    process."""
+    if sys.platform != "linux":
+        return
+    thread_id = threading.get_native_id()
+    niceness = os.getpriority(os.PRIO_PROCESS, thread_id) + COMPILE_THREAD_NICENESS
+    os.setpriority(os.PRIO_PROCESS, thread_id, min(19, niceness))  # lowering never needs rights
 
 
 def grammar_tokenizer(hf_tokenizer, vocab_size: int,
