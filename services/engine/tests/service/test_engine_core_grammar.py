@@ -36,6 +36,9 @@ class GatedCompiler:
         for future, params in self.pending:
             future.set_result(self.compiler.compile(params).result())
 
+    def close(self) -> None:
+        self.compiler.close()
+
 
 @pytest.fixture
 def grammars(support, make_tiny_compiler):
@@ -199,3 +202,34 @@ def test_the_servicer_refuses_a_constraint_without_meaning(proto, message):
     request = engine_pb2.GenerateRequest(prompt_token_ids=[1], structured_output=proto)
     with pytest.raises(InvalidSamplingParams, match=message):
         to_structured_outputs(request)
+
+
+async def test_a_stream_cancelled_while_its_grammar_compiles_leaves_nothing(support, grammars):
+    import asyncio
+
+    gated = GatedCompiler(grammars)
+    core = support.make_core(grammars=gated)
+    async with support.serve_engine(core) as (engine, stub):
+        call = stub.Generate(engine_pb2.GenerateRequest(
+            request_id="slow", prompt_token_ids=[1, 2], n=2,
+            sampling=engine_pb2.SamplingParams(max_tokens=4),
+            structured_output=engine_pb2.StructuredOutput(regex="[0-9]*")))
+        reader = asyncio.ensure_future(call.read())
+        await _until(lambda: engine.stats().num_waiting == 2)  # two samples, neither running
+        call.cancel()
+        await _until(lambda: engine.num_streams == 0 and engine.stats().num_waiting == 0)
+        reader.cancel()
+        gated.open()  # the compile finishes after its request left
+        await _until(lambda: not core.has_unfinished_requests)
+        stats = engine.stats()
+        assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks
+        assert not core._awaiting_grammar
+
+
+async def _until(condition, timeout_s: float = 10.0) -> None:
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)

@@ -69,18 +69,20 @@ def test_the_same_constraint_shares_one_compile_and_the_cache_is_bounded(make_ti
     assert compiler.compile(StructuredOutputsParams(regex="a+")) is not first
 
 
-def test_compiles_run_on_the_pool_below_the_engines_priority(make_tiny_compiler, monkeypatch):
+def test_builds_run_on_the_pool_below_the_engines_priority(make_tiny_compiler, monkeypatch):
+    import llguidance
+
     from conveyor.engine.structured import grammar_compiler
 
     seen = []
-    real = grammar_compiler.llguidance_grammar
+    real = llguidance.LLMatcher
 
-    def spy(params):
+    def spy(*args, **kwargs):
         niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         seen.append((threading.current_thread(), niceness))
-        return real(params)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(grammar_compiler, "llguidance_grammar", spy)
+    monkeypatch.setattr(llguidance, "LLMatcher", spy)
     make_tiny_compiler(TOKENS, EOS).compile(StructuredOutputsParams(regex="a")).result()
     [(thread, niceness)] = seen
     assert thread is not threading.current_thread()

@@ -65,7 +65,7 @@ class GrammarCompiler:
         if future is not None:
             self._cache.move_to_end(key)
             return future
-        future = self._pool.submit(self._build, params)
+        future = self._submit(params)
         self._cache[key] = future
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
@@ -79,14 +79,28 @@ class GrammarCompiler:
         """Drop queued compiles; one already running finishes in its thread."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _build(self, params: StructuredOutputsParams) -> CompiledGrammar:
+    def _submit(self, params: StructuredOutputsParams) -> Future[CompiledGrammar]:
+        """The grammar's definition is made here, on the caller's thread (12 us for a
+        typical schema, ~1 ms for 2,000 fields): the library holds the GIL while it makes
+        it, and a compile thread, at its lower priority, could hold the GIL for much longer
+        than that when other work keeps it off the CPU, stalling the loop (ITL p99 1.42x
+        with it on the pool, docs/benchmarks.md). Only the build, which drops the GIL,
+        goes to the pool."""
+        try:
+            grammar = llguidance_grammar(params)
+        except InvalidConstraint as exc:
+            failed: Future[CompiledGrammar] = Future()
+            failed.set_exception(exc)
+            return failed
+        return self._pool.submit(self._build, params.kind, grammar)
+
+    def _build(self, kind: str, grammar: str) -> CompiledGrammar:
         start = time.perf_counter()
-        template = llguidance.LLMatcher(self.tokenizer, llguidance_grammar(params), log_level=0)
+        template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if template.is_error():
-            raise InvalidConstraint(f"structured output {params.kind} does not compile: "
+            raise InvalidConstraint(f"structured output {kind} does not compile: "
                                     f"{template.get_error()}")
-        log.debug("compiled a %s grammar in %.1f ms", params.kind,
-                  (time.perf_counter() - start) * 1e3)
+        log.debug("compiled a %s grammar in %.1f ms", kind, (time.perf_counter() - start) * 1e3)
         return CompiledGrammar(template)
 
 
