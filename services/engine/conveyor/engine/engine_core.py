@@ -5,6 +5,13 @@ offline LLM's caller). Callers speak in their own request ids; a request with
 `n > 1` runs as n scheduler requests `f"{id}-{i}"` whose deltas carry `index = i`.
 The scheduler's `requests` is the one map of the requests it holds; each carries its
 caller's id, sample index and timing (core.request.Request).
+
+A constrained request (sampling_params.structured_outputs) is queued at once, with its
+grammar asked of the GrammarCompiler (compiled on its threads, or found in its cache);
+the scheduler passes it over until the start of a step finds the grammar compiled and
+gives each sample its matcher, advanced over the output it already has. A grammar that
+fails to compile, or does not compile within the timeout, fails the request
+(delta.error with invalid_request set) before it ever runs.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ from conveyor.engine.iteration_stats import FinishedRequestStats, IterationStats
 from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.request_timing import PrefillChunk, RequestTiming
 from conveyor.engine.step_result import StepResult
+from conveyor.engine.structured.errors import InvalidConstraint
+from conveyor.engine.structured.grammar_compiler import GrammarCompiler
+from conveyor.engine.structured.request_grammar import RequestGrammar
 
 log = logging.getLogger("conveyor.engine.core")
 
@@ -39,16 +49,23 @@ log = logging.getLogger("conveyor.engine.core")
 class EngineCore:
     """Adds, aborts and steps requests; turns each step into per-request deltas."""
 
-    def __init__(self, scheduler: Scheduler, runner: ModelRunnerLike, info: EngineInfo):
+    def __init__(self, scheduler: Scheduler, runner: ModelRunnerLike, info: EngineInfo,
+                 grammars: GrammarCompiler | None = None,
+                 grammar_compile_timeout_s: float = 10.0):
         self.scheduler = scheduler
         self._isolating = IsolatingRunner(runner)
         self.info = info
+        self.grammars = grammars
+        """Compiles structured-output constraints; None: such requests are refused."""
+        self.grammar_compile_timeout_s = grammar_compile_timeout_s
         self._children: dict[str, list[str]] = {}
         """Caller request id -> its unfinished scheduler request ids (held ones included)."""
         self._held_siblings: dict[str, list[Request]] = {}
         """First sample's id -> samples 1..n-1, added once its prompt is cached."""
         self._prompt_logprobs: dict[str, list[PromptTokenLogprob]] = {}
         """Scheduler request id -> its prompt logprobs so far, until its first token."""
+        self._awaiting_grammar: dict[str, Request] = {}
+        """Queued scheduler requests whose grammar has not started yet, by id."""
 
     @property
     def runner(self) -> ModelRunnerLike:
@@ -82,6 +99,7 @@ class EngineCore:
         if request.request_id in self._children:
             raise DuplicateRequestId(f"request_id {request.request_id!r} is already running")
         samples = [self._sample(request, i) for i in range(request.sampling_params.n)]
+        self._ask_for_grammar(request, samples)
         first, rest = samples[0], samples[1:]
         shed = self._submit(first)
         self._children[request.request_id] = [s.request_id for s in samples]
@@ -115,8 +133,24 @@ class EngineCore:
                        exempt_from_bounds=index > 0, parent_id=request.request_id,
                        sample_index=index, timing=RequestTiming(request.arrival_time))
 
+    def _ask_for_grammar(self, request: EngineRequest, samples: list[Request]) -> None:
+        """Give each sample of a constrained request the grammar being compiled (or cached);
+        raises InvalidConstraint when this engine has no compiler."""
+        constraint = request.sampling_params.structured_outputs
+        if constraint is None:
+            return
+        if self.grammars is None:
+            raise InvalidConstraint("this engine does not support structured outputs")
+        compiled = self.grammars.compile(constraint)
+        deadline = time.monotonic() + self.grammar_compile_timeout_s
+        for sample in samples:
+            sample.grammar = RequestGrammar(compiled, deadline, self.grammar_compile_timeout_s)
+
     def _submit(self, request: Request) -> list[Request]:
-        return self.scheduler.add_request(request)
+        shed = self.scheduler.add_request(request)
+        if request.grammar is not None:
+            self._awaiting_grammar[request.request_id] = request
+        return shed
 
     def _drop_shed(self, shed: list[Request]) -> dict[str, WaitingQueueFull]:
         """Forget the scheduler requests pushed out of the queue and abort the rest of
@@ -133,7 +167,13 @@ class EngineCore:
             for request_id in self._children.pop(parent_id, []):
                 self._held_siblings.pop(request_id, None)
                 self._prompt_logprobs.pop(request_id, None)
+                self._awaiting_grammar.pop(request_id, None)
                 self.scheduler.abort(request_id)  # False for a held sibling: never added
+
+    def close(self) -> None:
+        """Drop queued grammar compiles (one already running finishes in its thread)."""
+        if self.grammars is not None:
+            self.grammars.close()
 
     def step(self) -> StepResult:
         """Schedule, run the model, and report what each request gained.
@@ -142,6 +182,7 @@ class EngineCore:
         (its blocks freed at the end of the step); the others go on.
         """
         result = StepResult()
+        result.deltas = self._start_grammars()
         scheduler_output = self.scheduler.schedule()
         result.iteration.num_scheduled_tokens = scheduler_output.num_batched_tokens
         now = time.monotonic()
@@ -160,8 +201,36 @@ class EngineCore:
             self._prompt_logprobs.setdefault(request_id, []).extend(entries)
         failed = self._abort_failed(executed.failures)
         updates = self.scheduler.update_from_output(scheduler_output, executed.output)
-        result.deltas = [*failed, *self._collect(updates, in_step, result.iteration)]
+        result.deltas += [*failed, *self._collect(updates, in_step, result.iteration)]
         return result
+
+    def _start_grammars(self) -> list[RequestDelta]:
+        """Start the matcher of each queued request whose grammar has compiled; fail (the
+        whole caller request) those whose grammar is invalid or past its deadline."""
+        now = time.monotonic()
+        failed = []
+        for request_id, request in list(self._awaiting_grammar.items()):
+            if request_id not in self._awaiting_grammar or not request.grammar.can_start(now):
+                continue  # gone with a sibling that failed before it, or still compiling
+            del self._awaiting_grammar[request_id]
+            try:
+                request.grammar.start(request.output_token_ids)
+            except InvalidConstraint as exc:
+                failed.append(self._fail(request, str(exc), invalid_request=True))
+            except Exception as exc:  # a fault of the library, not of the request
+                log.exception("starting the grammar of %s failed", request_id)
+                failed.append(self._fail(request, f"grammar error: {type(exc).__name__}: {exc}"))
+        return failed
+
+    def _fail(self, request: Request, error: str, invalid_request: bool = False) -> RequestDelta:
+        """Abort the caller request of `request` (every sample) with `error`; it held no
+        blocks (it never ran)."""
+        self.abort([request.caller_id])
+        return RequestDelta(request_id=request.caller_id, index=request.sample_index,
+                            finish_reason=FinishReason.ABORT, error=error,
+                            invalid_request=invalid_request,
+                            num_prompt_tokens=request.num_prompt_tokens,
+                            num_output_tokens=request.num_output_tokens)
 
     def _mark_scheduled(self, scheduled: list[ScheduledRequest], in_step: dict[str, Request],
                         now: float, iteration: IterationStats) -> list[PrefillChunk]:

@@ -14,7 +14,9 @@ class RequestDelta:
     """The tokens a request gained in one step (possibly none, when it just finished).
 
     `request_id` is the caller's id; `index` tells the n > 1 samples apart (0 otherwise).
-    `error` is set when the model failed this request: it is then finished with ABORT.
+    `error` is set when the engine failed this request: it is then finished with ABORT.
+    `invalid_request` says the request itself was at fault (its structured-output
+    constraint does not compile, or not in time): INVALID_ARGUMENT, not INTERNAL.
     """
 
     request_id: str
@@ -32,6 +34,7 @@ class RequestDelta:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    invalid_request: bool = False
     timing: RequestTiming | None = None
     """On a sample's final delta: when it arrived, was scheduled, prefilled, preempted,
     decoded and finished (what its trace spans are made of)."""

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from conveyor.common.sampling_fields import SamplingKnobs, knob_problem
+
+if TYPE_CHECKING:
+    from conveyor.engine.structured.structured_outputs_params import StructuredOutputsParams
 
 MAX_TOP_LOGPROBS = 20
 
@@ -21,7 +25,9 @@ class SamplingParams(SamplingKnobs):
     their ranges are inherited from the shared table (conveyor.common.sampling_fields);
     the fields here are the ones every request carries. temperature 0 means greedy;
     top_k <= 0 means no top-k cut. n > 1 runs n samples of the same prompt, which
-    share its cached blocks (EngineCore).
+    share its cached blocks (EngineCore). `structured_outputs` constrains the output
+    (each sample keeps its own place in the grammar); the sampler masks what the
+    constraint does not allow before anything else, logprobs included.
     """
 
     n: int = 1
@@ -34,6 +40,7 @@ class SamplingParams(SamplingKnobs):
     top_logprobs: int = 0
     prompt_logprobs: int | None = None
     """Logprobs of the prompt's tokens with this many alternatives each (None: none)."""
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         self.validate()

@@ -101,6 +101,19 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         "not busy at start-up (CPU count minus the 1-minute load average, at least 1): "
         "threads spinning against other processes made steps 2-7x slower.",
     )
+    grammar_compile_timeout_s: float = Field(
+        10.0, gt=0, description="Longest a structured-output constraint may take to compile; "
+        "past it the request fails with INVALID_ARGUMENT (the compile itself runs on).",
+    )
+    grammar_compile_threads: int = Field(
+        2, ge=1, description="Threads compiling structured-output constraints, off the step "
+        "loop (llguidance drops the GIL while it compiles).",
+    )
+    grammar_cache_size: int = Field(
+        256, ge=1, description="Compiled structured-output grammars kept, by (kind, text), "
+        "least recently used out first.",
+    )
+
     @field_validator("torch_threads")
     @classmethod
     def _idle_cores_when_unset(cls, value: int | None) -> int:

@@ -32,6 +32,9 @@ from conveyor.v1 import engine_pb2_grpc
 
 VOCAB_SIZE = 100
 EOS = 99
+GRAMMAR_TOKENS = [f"{i:02d}".encode() for i in range(EOS)] + [b""]
+"""The fake vocabulary as grammars see it (make_tiny_compiler): token i is the two digits
+of i, EOS is last; the regex [0-9]* allows every output of FakeRunner."""
 
 
 class FakeRunner:
@@ -90,7 +93,8 @@ def _prompt_logprobs(scheduled) -> list[PromptTokenLogprob]:
 
 def make_core(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 128,
               max_num_batched_tokens: int = 64, max_num_seqs: int = 16,
-              enable_prefix_caching: bool = True, **waiting_bounds) -> EngineCore:
+              enable_prefix_caching: bool = True, grammars=None,
+              grammar_compile_timeout_s: float = 10.0, **waiting_bounds) -> EngineCore:
     config = SchedulerConfig(num_blocks=num_blocks, block_size=block_size,
                              max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                              max_num_batched_tokens=max_num_batched_tokens,
@@ -98,7 +102,8 @@ def make_core(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 12
     info = EngineInfo(model="fake", max_model_len=max_model_len, block_size=block_size,
                       num_blocks=num_blocks, vocab_size=VOCAB_SIZE, attention_backend="fake",
                       dtype="float32", engine_id="test-engine", eos_token_ids=(EOS,))
-    return EngineCore(Scheduler(config, eos_token_ids=[EOS]), FakeRunner(), info)
+    return EngineCore(Scheduler(config, eos_token_ids=[EOS]), FakeRunner(), info, grammars,
+                      grammar_compile_timeout_s)
 
 
 def run_to_completion(core: EngineCore, max_steps: int = 1000):
@@ -129,4 +134,5 @@ async def serve_engine(core: EngineCore, metrics: EngineMetrics | None = None):
 @pytest.fixture
 def support():
     return SimpleNamespace(make_core=make_core, run_to_completion=run_to_completion,
-                           serve_engine=serve_engine, VOCAB_SIZE=VOCAB_SIZE, EOS=EOS)
+                           serve_engine=serve_engine, VOCAB_SIZE=VOCAB_SIZE, EOS=EOS,
+                           GRAMMAR_TOKENS=GRAMMAR_TOKENS)

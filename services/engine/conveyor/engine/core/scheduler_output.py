@@ -8,8 +8,12 @@ they are valid only until the scheduler's next `schedule()` call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from conveyor.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from conveyor.engine.structured.grammar_matcher import GrammarMatcher
 
 
 @dataclass(slots=True)
@@ -33,6 +37,9 @@ class ScheduledRequest:
     sampling_params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]
+    grammar: GrammarMatcher | None = None
+    """A constrained request's matcher, at its output so far: the sampler masks the tokens
+    it does not allow."""
 
     @property
     def num_scheduled_tokens(self) -> int:
