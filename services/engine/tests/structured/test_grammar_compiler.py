@@ -97,3 +97,23 @@ def test_matchers_of_one_grammar_are_independent(make_tiny_compiler):
     first, second = compiled.result().new_matcher(), compiled.result().new_matcher()
     first.accept(ids("a")[0])
     assert allowed(first) == set(ids("b")) and allowed(second) == set(ids("ab"))
+
+
+def test_object_schemas_with_properties_are_closed_as_xgrammar_reads_them():
+    from conveyor.engine.structured.llguidance_grammar import closed_objects
+
+    item = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    schema = {"type": "object", "properties": {
+        "open": {"type": "object", "properties": {}, "additionalProperties": True},
+        "list": {"type": "array", "items": item},
+        "either": {"anyOf": [item, {"type": "string"}]},
+        "fixed": {"const": {"properties": {"x": 1}}}},
+        "$defs": {"thing": item}}
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["open"]["additionalProperties"] is True
+    assert closed["properties"]["list"]["items"]["additionalProperties"] is False
+    assert closed["properties"]["either"]["anyOf"][0]["additionalProperties"] is False
+    assert closed["properties"]["fixed"] == {"const": {"properties": {"x": 1}}}
+    assert closed["$defs"]["thing"]["additionalProperties"] is False
+    assert closed_objects({"type": "object"}) == {"type": "object"}  # any object stays any

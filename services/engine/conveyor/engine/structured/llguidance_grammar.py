@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import llguidance
 
 from conveyor.engine.structured.errors import InvalidConstraint
@@ -14,6 +16,12 @@ max_tokens; these separators are the ones most JSON in its training has. A schem
 "x-guidance" options override them."""
 
 ANY_OBJECT_SCHEMA = '{"type": "object"}'
+OPEN_OBJECT_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SCHEMA_VALUES = ("items", "additionalProperties", "additionalItems", "not", "if", "then",
+                 "else", "contains", "propertyNames", "unevaluatedItems")
+"""The keywords whose values are subschemas (maps of them, lists of them, or one)."""
 
 
 def llguidance_grammar(params: StructuredOutputsParams) -> str:
@@ -32,4 +40,30 @@ def llguidance_grammar(params: StructuredOutputsParams) -> str:
 
 
 def _json_schema(schema: str) -> str:
-    return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    closed = json.dumps(closed_objects(json.loads(schema)))
+    return llguidance.LLMatcher.grammar_from_json_schema(closed, defaults=JSON_OPTIONS)
+
+
+def closed_objects(schema):
+    """`schema` with every object schema that lists `properties` and says nothing of other
+    keys closed to them (`additionalProperties: false`), as xgrammar's strict mode (vLLM's
+    default backend) reads schemas. JSON Schema would allow any other key, and a small
+    model given that freedom adds keys whose strings run to max_tokens (LangChain's
+    function_calling schemas, for one, leave objects open). Only subschemas are visited
+    (values such as `const`, `enum` or `default` are left as they are)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(sub) for name, sub in out[key].items()}
+    for key in SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(sub) for sub in out[key]]
+    for key in SCHEMA_VALUES:
+        if key in out:
+            out[key] = closed_objects(out[key])
+    if isinstance(out.get("properties"), dict) and \
+            not any(key in out for key in OPEN_OBJECT_KEYWORDS):
+        out["additionalProperties"] = False
+    return out
