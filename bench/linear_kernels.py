@@ -119,10 +119,11 @@ def forward_shapes(config: dict, layers: int) -> list[tuple[int, int]]:
     return per_layer * layers + [(shapes[-1].out_features, shapes[-1].in_features)]
 
 
-def time_forward(linears: list[tuple[int, Linear]], rows: int, repeats: int) -> float:
-    """Seconds for one pass over `linears` (each (in_features, fn)) at `rows` rows
-    (after one untimed pass)."""
-    inputs = {k: torch.randn(rows, k) for k, _ in linears}
+def time_forward(linears: list[tuple[int, Linear]], rows: int, repeats: int,
+                 dtype: torch.dtype = torch.float32) -> float:
+    """Seconds for one pass over `linears` (each (in_features, fn)) at `rows` rows of
+    `dtype` (after one untimed pass)."""
+    inputs = {k: torch.randn(rows, k, dtype=dtype) for k, _ in linears}
     for k, fn in linears:
         fn(inputs[k])
     start = time.perf_counter()
@@ -132,9 +133,12 @@ def time_forward(linears: list[tuple[int, Linear]], rows: int, repeats: int) -> 
     return (time.perf_counter() - start) / repeats
 
 
-def max_error(kernel: str, out_features: int, in_features: int, rows: int) -> float:
+def max_error(kernel: str, out_features: int, in_features: int, rows: int,
+              dtype: torch.dtype = torch.float32) -> float:
+    """Largest absolute error against fp64 on the same (dtype-rounded) weights and inputs."""
     torch.manual_seed(0)
-    w, x = torch.randn(out_features, in_features) * 0.02, torch.randn(rows, in_features)
+    w = (torch.randn(out_features, in_features) * 0.02).to(dtype)
+    x = torch.randn(rows, in_features).to(dtype)
     reference = F.linear(x.double(), w.double())
     return (KERNELS[kernel](w)(x).double() - reference).abs().max().item()
 
@@ -149,9 +153,10 @@ def time_read(data: torch.Tensor, repeats: int) -> float:
 
 
 def survey(config: dict, rows_list: list[int], kernels: list[str], layers: int,
-           max_slow_rows: int, rounds: int = 3) -> list[dict]:
+           max_slow_rows: int, rounds: int = 3,
+           dtype: torch.dtype = torch.float32) -> list[dict]:
     shapes = forward_shapes(config, layers)
-    weights = [torch.randn(n, k) * 0.02 for n, k in shapes]
+    weights = [(torch.randn(n, k) * 0.02).to(dtype) for n, k in shapes]
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     flops_per_row = 2.0 * sum(n * k for n, k in shapes)
     gate_up = max(shapes[:-1])
@@ -165,7 +170,8 @@ def survey(config: dict, rows_list: list[int], kernels: list[str], layers: int,
             for kernel in kernels:
                 if kernel in SLOW and rows > max_slow_rows:
                     continue
-                seconds[(kernel, rows)].append(time_forward(built[kernel], rows, repeats))
+                seconds[(kernel, rows)].append(time_forward(built[kernel], rows, repeats,
+                                                            dtype))
     results = []
     for (kernel, rows), times in seconds.items():
         median = statistics.median(times)
@@ -174,7 +180,7 @@ def survey(config: dict, rows_list: list[int], kernels: list[str], layers: int,
                         flops_per_row * rows / median / 1e9,
                         "gbps": weight_bytes / median / 1e9,
                         "max_abs_error": 0.0 if kernel == "x.sum()" else
-                        max_error(kernel, *gate_up, rows)})
+                        max_error(kernel, *gate_up, rows, dtype)})
     return results
 
 
@@ -202,13 +208,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=None, help="default: the model's")
     p.add_argument("--max-slow-rows", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3, help="turns each kernel takes per row count")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="weights and activations (bfloat16: the bf16 engine's linears)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     config = load_model_config()
     with torch.inference_mode():
         results = survey(config, [int(r) for r in args.rows.split(",")],
                          args.kernels.split(","), args.layers or config["num_hidden_layers"],
-                         args.max_slow_rows, args.rounds)
+                         args.max_slow_rows, args.rounds, getattr(torch, args.dtype))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")

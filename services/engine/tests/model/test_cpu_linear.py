@@ -150,10 +150,20 @@ def test_use_cpu_linears_keeps_names_and_values() -> None:
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
 
 
-def test_bfloat16_is_not_packed() -> None:
-    assert not onednn_packing_available(torch.bfloat16)
-    model = nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16))
+@pytest.mark.skipif(not onednn_packing_available(torch.bfloat16),
+                    reason="this torch build or CPU has no oneDNN bf16 linear")
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_bfloat16_is_packed_and_matches_linear(rows: int) -> None:
+    torch.manual_seed(rows)
+    linear = nn.Linear(64, 24).to(torch.bfloat16)
+    model = nn.Sequential(linear)
     use_cpu_linears(model, torch.bfloat16)
-    assert isinstance(model[0], CpuLinear) and not model[0].packed
-    x = torch.randn(3, 8, dtype=torch.bfloat16)
-    assert model(x).dtype == torch.bfloat16
+    assert isinstance(model[0], CpuLinear) and model[0].packed
+    x = torch.randn(rows, 64, dtype=torch.bfloat16)
+    out = model(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, linear(x), rtol=1e-2, atol=1e-2)
+
+
+def test_float16_is_not_packed() -> None:
+    assert not onednn_packing_available(torch.float16)

@@ -71,16 +71,26 @@ def gemv_ops() -> ModuleType | None:
     return module
 
 
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
+"""Weights oneDNN prepacks: fp32, and bf16 where oneDNN runs it (AMX or AVX512-BF16 tiles;
+bench/linear_kernels.py --dtype bfloat16: 1.3-1.6x torch's unpacked bf16 GEMM at 1-256 rows)."""
+
+
+@functools.cache
 def onednn_packing_available(dtype: torch.dtype) -> bool:
-    """Whether fp32 oneDNN prepacked linear works in this torch build (probed once)."""
-    if dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+    """Whether oneDNN prepacked linear works for `dtype` in this torch build (probed once)."""
+    if dtype not in PACKED_DTYPES or not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False
     try:
-        weight = torch.ones(4, 8)
+        weight = torch.ones(4, 8, dtype=dtype)
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8), packed, None, "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8, dtype=dtype), packed, None,
+                                                 "none", [], "")
     except (RuntimeError, AttributeError) as exc:  # an op missing from this build
-        logger.info("oneDNN prepacked linear unavailable (%s); using torch's default GEMM", exc)
+        logger.info("oneDNN prepacked %s linear unavailable (%s); using torch's default GEMM",
+                    dtype, exc)
         return False
     return bool(torch.all(out == 8.0))
 
