@@ -74,9 +74,9 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         "rounded to fp16, so greedy output may differ from fp32's; see docs/performance.md).",
     )
     attention_backend: str = Field(
-        "auto", description="Attention backend: auto (on GPU triton; on CPU in float32 native "
-        "when its C++ kernel builds or is cached, else torch), torch, triton, native (CPU, "
-        "float32: decode attention read in place from the KV pool by a C++ AVX2 kernel)."
+        "auto", description="Attention backend: auto (on GPU triton; on CPU native when its "
+        "C++ kernels build or are cached, else torch), torch, triton, native (CPU, float32 or "
+        "bfloat16: decode and prefill attention read in place from the KV pool by C++ kernels)."
     )
     device: str = Field("auto", description="Device: auto (cuda when available), cpu, cuda.")
     enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prefixes.")
@@ -149,7 +149,7 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
             return self.attention_backend
         if self.resolved_device() != "cpu":
             return "triton"
-        if self.resolved_dtype() != "float32":
+        if self.resolved_dtype() not in ("float32", "bfloat16"):
             return "torch"
         from conveyor.engine.attention.native_kernel import native_unavailable_reason
 

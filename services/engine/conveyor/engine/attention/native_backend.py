@@ -9,8 +9,10 @@ heads (the cascade); on AVX2 they read it back to back while it is in cache.
 The prefill kernel (native/csrc/paged_prefill_attention.cpp) is flash attention over the
 same pool: tiles of 16 query positions times a kv head's query heads, causal over the
 request's whole context (a cached prefix and earlier chunks read in place, not gathered).
-Both take fp32 or fp16 pools (kv_cache_dtype float16: each element widened to fp32 as it is
-read) and head sizes of native_kernel.HEAD_DIMS; anything else is refused, naming the setting.
+Both read fp32, bf16 or fp16 pools (bf16: a bf16 model's; fp16: kv_cache_dtype float16; 16-bit
+elements widened to fp32 as they are read), with fp32 or bf16 queries (the model's dtype: fp32 over
+an fp32 or fp16 pool, bf16 over a bf16 or fp16 one), and head sizes of native_kernel.HEAD_DIMS;
+anything else is refused, naming the setting. All their arithmetic is fp32.
 CONVEYOR_PREFILL_ATTENTION=torch sends prefill chunks through the torch backend's gather + SDPA
 instead (A/B).
 """
@@ -36,8 +38,10 @@ from conveyor.engine.attention.torch_plan import TorchAttentionPlan, build_plan
 
 log = logging.getLogger("conveyor.engine.attention")
 
-POOL_DTYPES = (torch.float32, torch.float16)
-"""The pools the kernels read (float16: kv_cache_dtype float16, widened as read)."""
+POOL_DTYPES = {torch.float32: (torch.float32, torch.float16),
+               torch.bfloat16: (torch.bfloat16, torch.float16)}
+"""The model dtypes the kernels take (queries, keys, values) and the pools each reads (float16:
+kv_cache_dtype float16, widened as read)."""
 
 
 @dataclass(slots=True)
@@ -137,10 +141,11 @@ class NativeAttentionBackend:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, plan: NativeAttentionPlan) -> torch.Tensor:
-        if kv_cache.dtype not in POOL_DTYPES:
-            raise ValueError(f"attention backend native needs a float32 or float16 KV pool, "
-                             f"got {kv_cache.dtype}; set dtype float32 or attention_backend "
-                             "torch")
+        if kv_cache.dtype not in POOL_DTYPES.get(query.dtype, ()):
+            raise ValueError(f"attention backend native does not read {query.dtype} queries "
+                             f"over a {kv_cache.dtype} KV pool (float32 over float32 or "
+                             "float16, bfloat16 over bfloat16 or float16); set dtype float32 or "
+                             "bfloat16, or attention_backend torch")
         self._kernel.store_kv(kv_cache, _heads_contiguous(key), _heads_contiguous(value),
                               plan.slot_mapping)
         if plan.prefill is None:
