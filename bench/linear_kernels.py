@@ -11,8 +11,9 @@ plain read of as many bytes, `x.sum()`); the table gives each one's median, and 
 the fp32 weight bytes over that time, next to the same run's x.sum() read bandwidth.
 
 Kernels: aten-row; aten-col (F.linear on a column-major weight); onednn (fp32, weight
-prepacked by oneDNN); gemv, gemv-avx2 (native/csrc/fp32_gemv.cpp on the row-major
-weight, its AVX-512 path where the CPU has one, and its AVX2 path); engine (CpuLinear:
+prepacked by oneDNN; bf16 weights too with --dtype bfloat16); gemv, gemv-avx2, gemv-avx512,
+gemv-avx512-bf16 (native/csrc/gemv.cpp on the row-major weight: its widest path here, or one
+forced; avx512-bf16 is the bf16 dot product, bf16 weights only); engine (CpuLinear:
 gemv up to GEMV_MAX_ROWS rows of its code path, onednn for more); engine-before (CpuLinear
 without the gemv: aten-col for one row on one thread, onednn otherwise);
 fbgemm-fp16 (weights stored in fp16, fp32 math); fbgemm-int8 (int8 weights and dynamically
@@ -82,13 +83,15 @@ def _engine(w: torch.Tensor, gemv: bool = True) -> Linear:
 
 def _gemv(isa: str) -> Callable[[torch.Tensor], Linear]:
     def make(w: torch.Tensor) -> Linear:
-        from conveyor.engine.model.cpu_linear import GEMV_ISAS, gemv_ops
+        from conveyor.engine.model.cpu_linear import GEMV_ENTRIES, GEMV_ISAS, gemv_ops
 
-        ops = gemv_ops()
+        if isa == "avx512-bf16" and w.dtype != torch.bfloat16:
+            raise SystemExit("gemv-avx512-bf16 multiplies bf16 weights: add --dtype bfloat16")
+        ops = gemv_ops(w.dtype)
         if ops is None:
-            raise SystemExit("the fp32 GEMV did not build here (see the log)")
-        code = GEMV_ISAS[isa]
-        return lambda x: ops.fp32_linear(x, w, None, code)
+            raise SystemExit(f"the {w.dtype} GEMV did not build here (see the log)")
+        linear, code = getattr(ops, GEMV_ENTRIES[w.dtype]), GEMV_ISAS[isa]
+        return lambda x: linear(x, w, None, code)
     return make
 
 
@@ -104,7 +107,8 @@ def _aten_col(w: torch.Tensor) -> Linear:
 
 KERNELS: dict[str, Callable[[torch.Tensor], Linear]] = {
     "aten-row": lambda w: (lambda x: F.linear(x, w)), "aten-col": _aten_col,
-    "onednn": _onednn, "gemv": _gemv("auto"), "gemv-avx2": _gemv("avx2"), "engine": _engine,
+    "onednn": _onednn, "gemv": _gemv("auto"), "gemv-avx2": _gemv("avx2"),
+    "gemv-avx512": _gemv("avx512"), "gemv-avx512-bf16": _gemv("avx512-bf16"), "engine": _engine,
     "engine-before": lambda w: _engine(w, gemv=False), "fbgemm-fp16": _fbgemm_fp16,
     "fbgemm-int8": _fbgemm_int8, "int8-wo": _int8_weight_only, "int4-wo": _int4_weight_only}
 
