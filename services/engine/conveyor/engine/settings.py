@@ -57,8 +57,9 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         0.9, gt=0, le=1, description="On GPU: fraction of device memory the engine may use."
     )
     dtype: str = Field(
-        "auto", description="Model dtype: auto (float32 on CPU, bfloat16 on GPU), "
-        "float32, bfloat16, float16."
+        "auto", description="Model dtype: auto (on GPU bfloat16; on CPU bfloat16 where it has "
+        "AVX512-BF16 or AMX and weight_format is fp32, else float32), float32, bfloat16, "
+        "float16."
     )
     weight_format: str = Field(
         "fp32", description="Weights decode steps read (CPU, float32 only): fp32; fp16 "
@@ -129,7 +130,11 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         _check_choice("dtype", self.dtype, DTYPES)
         if self.dtype != "auto":
             return self.dtype
-        return "float32" if self.resolved_device() == "cpu" else "bfloat16"
+        if self.resolved_device() != "cpu":
+            return "bfloat16"
+        from conveyor.engine.native.cpu_features import auto_cpu_dtype
+
+        return auto_cpu_dtype(self.weight_format)
 
     def resolved_weight_format(self) -> str:
         from conveyor.engine.model.quantized_linear import WEIGHT_FORMATS

@@ -102,10 +102,12 @@ class NativeAttentionBackend:
         self._torch = TorchAttentionBackend(spec)
         wide = prefill_path == "native-avx512" or (prefill_path == "native"
                                                     and self._kernel.has_avx512())
-        prefill = ("torch SDPA" if self._prefill_isa is None
-                   else f"its prefill kernel ({'avx512' if wide else 'avx2'})")
+        self.prefill_kernel = ("torch SDPA" if self._prefill_isa is None
+                               else "avx512" if wide else "avx2")
+        """What prefill chunks run through: the prefill kernel's path, or torch SDPA."""
         log.info("attention backend native: decode tokens through the C++ kernel %s (%s), "
-                 "prefill chunks through %s", self._kernel.__file__, self.kernel_path, prefill)
+                 "prefill chunks through %s", self._kernel.__file__, self.kernel_path,
+                 self.prefill_kernel)
 
     def use_kernel_path(self, kernel_path: str) -> None:
         """Decode through `kernel_path` from now on (a key of native_kernel.KERNEL_PATHS)."""
