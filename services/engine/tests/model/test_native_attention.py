@@ -233,7 +233,7 @@ def test_prefill_path_switch(make_random_step, monkeypatch):
     step = make_random_step(block_size=8, num_kv_heads=3, group=3, head_dim=64,
                             seqs=[(20, 40), (5, 1)], seed=4)
     native = NativeAttentionBackend(step.spec)
-    assert native.prefill_path == "native"
+    assert native.prefill_path == "native"  # auto, for an fp32 model
     assert isinstance(native.plan(step.meta).prefill, PrefillRows)
     if not native._kernel.has_avx512():
         with pytest.raises(ValueError, match="native-avx512 needs AVX-512"):
@@ -247,6 +247,37 @@ def test_prefill_path_switch(make_random_step, monkeypatch):
     assert (outs[0] - outs[1]).abs().max().item() <= TOLERANCE
     with pytest.raises(ValueError, match="prefill_path 'sdpa' is not one of"):
         NativeAttentionBackend(step.spec, prefill_path="sdpa")
+
+
+@needs_kernel
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_sends_a_bf16_models_prefill_to_torch_sdpa_where_the_cpu_has_amx(
+        make_random_step, monkeypatch, amx):
+    """torch's bf16 SDPA runs on AMX tiles (oneDNN brgemm); without AMX, and for an fp32 model,
+    the prefill kernel runs. Decode tokens take the decode kernel either way."""
+    from conveyor.engine.attention.native_backend import PrefillRows
+    from conveyor.engine.attention.torch_plan import TorchAttentionPlan
+    from conveyor.engine.native import cpu_features as features_module
+
+    found = features_module.cpu_features()
+    monkeypatch.setattr(features_module, "cpu_features",
+                        lambda: features_module.CpuFeatures(
+                            found.avx2, found.avx512, found.avx512_vnni, found.avx512_bf16, amx))
+    for dtype in (torch.bfloat16, torch.float32):
+        step = make_random_step(block_size=8, num_kv_heads=3, group=3, head_dim=64,
+                                seqs=[(20, 40), (5, 1)], seed=4, dtype=dtype)
+        backend = NativeAttentionBackend(step.spec)
+        sdpa = amx and dtype == torch.bfloat16
+        assert backend.prefill_path == ("torch" if sdpa else "native")
+        plan = backend.plan(step.meta)
+        assert isinstance(plan.prefill, TorchAttentionPlan if sdpa else PrefillRows)
+        if sdpa:  # the chunk is torch's own bf16 attention, the decode row the kernel's
+            out = backend.forward(step.query, step.key, step.value, step.kv_cache.clone(),
+                                  plan)
+            reference = create_backend("torch", step.spec)
+            expected = reference.forward(step.query, step.key, step.value,
+                                         step.kv_cache.clone(), reference.plan(step.meta))
+            assert torch.equal(out[:40], expected[:40])
 
 
 @needs_kernel

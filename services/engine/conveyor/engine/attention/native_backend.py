@@ -13,8 +13,9 @@ Both read fp32, bf16 or fp16 pools (bf16: a bf16 model's; fp16: kv_cache_dtype f
 elements widened to fp32 as they are read), with fp32 or bf16 queries (the model's dtype: fp32 over
 an fp32 or fp16 pool, bf16 over a bf16 or fp16 one), and head sizes of native_kernel.HEAD_DIMS;
 anything else is refused, naming the setting. All their arithmetic is fp32.
-CONVEYOR_PREFILL_ATTENTION=torch sends prefill chunks through the torch backend's gather + SDPA
-instead (A/B).
+Prefill chunks of a bf16 model on a CPU with AMX go through the torch backend's gather + SDPA
+instead (torch's bf16 SDPA runs on AMX tiles, faster than the kernel's fp32 arithmetic);
+CONVEYOR_PREFILL_ATTENTION forces either way (A/B).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from conveyor.engine.attention.native_kernel import (
     PREFILL_PATHS,
     load_decode_kernel,
     prefill_path_from_env,
+    resolve_prefill_path,
 )
 from conveyor.engine.attention.torch_backend import TorchAttentionBackend
 from conveyor.engine.attention.torch_plan import TorchAttentionPlan, build_plan
@@ -84,7 +86,8 @@ class NativeAttentionBackend:
     def __init__(self, spec: AttentionSpec, kernel_path: str = "auto",
                  prefill_path: str | None = None) -> None:
         """kernel_path: a key of native_kernel.KERNEL_PATHS (auto: the best this CPU runs);
-        prefill_path: one of PREFILL_PATHS (None: CONVEYOR_PREFILL_ATTENTION, else native)."""
+        prefill_path: one of PREFILL_PATHS or auto (None: CONVEYOR_PREFILL_ATTENTION, else
+        auto; resolve_prefill_path)."""
         if spec.head_dim not in HEAD_DIMS:
             raise ValueError(f"attention backend native supports head_dim {HEAD_DIMS}, the "
                              f"model has {spec.head_dim}; set attention_backend torch")
@@ -92,6 +95,7 @@ class NativeAttentionBackend:
         self._kernel = load_decode_kernel()
         self.use_kernel_path(kernel_path)
         prefill_path = prefill_path_from_env() if prefill_path is None else prefill_path
+        prefill_path = resolve_prefill_path(prefill_path, spec.dtype)
         if prefill_path not in PREFILL_PATHS:
             raise ValueError(f"prefill_path {prefill_path!r} is not one of "
                              f"{tuple(PREFILL_PATHS)}")
