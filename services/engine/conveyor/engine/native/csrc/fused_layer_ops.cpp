@@ -13,7 +13,8 @@
 // then a fold), which moves the result by an ulp or so.
 //
 // silu_and_mul computes g / (1 + exp(-g)) * u in torch's order, with its own vector exp
-// (Cephes' range reduction and degree-6 polynomial, ~2 ulp; torch's is Sleef's, 1 ulp), so it
+// (Cephes' range reduction and degree-6 polynomial, ~2 ulp; torch's is Sleef's, 1 ulp) and, in
+// 16 lanes, the division as a reciprocal estimate refined by a Newton step (~2 ulp), so it
 // is within ~1e-6 relative of torch's silu(gate) * up, not bit for bit. Two code paths chosen
 // at run time: AVX-512 (functions compiled with a target attribute; the library itself needs
 // only -mavx2 -mfma) where the CPU has avx512f, else AVX2 + FMA; `isa` forces one (0 auto,
@@ -93,8 +94,11 @@ float add_row_bf16(BF16* row, const BF16* add, int64_t n) {
   __m256 squares = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 x = round_bf16(_mm256_add_ps(load8(row + i), load8(add + i)));
-    store8(row + i, x);  // exact: x is a bf16 value
+    const __m256i bits = conveyor_native::bf16_bits8(_mm256_add_ps(load8(row + i), load8(add + i)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(row + i),
+                     _mm_packus_epi32(_mm256_castsi256_si128(bits),
+                                      _mm256_extracti128_si256(bits, 1)));
+    const __m256 x = _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));  // the stored value
     squares = _mm256_add_ps(squares, _mm256_mul_ps(x, x));
   }
   float total = conveyor_native::horizontal_sum(squares);
@@ -334,6 +338,13 @@ CONVEYOR_AVX512 inline __m512 as_stored(__m512 v, const BF16*) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
+// 1 / d: the 14-bit estimate and one Newton step (~2 ulp; a division's throughput is what
+// bounded SwiGLU over long rows).
+CONVEYOR_AVX512 inline __m512 reciprocal_512(__m512 d) {
+  const __m512 r = _mm512_rcp14_ps(d);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));
+}
+
 // silu_mul_row_256 in 16 lanes; the last n % 16 elements through the 8-lane code.
 template <typename T>
 CONVEYOR_AVX512 void silu_mul_row_512(const T* g, const T* u, T* out, int64_t n) {
@@ -341,7 +352,8 @@ CONVEYOR_AVX512 void silu_mul_row_512(const T* g, const T* u, T* out, int64_t n)
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 gv = load16(g + i);
-    const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, exp_512(_mm512_sub_ps(zero, gv))));
+    const __m512 e = exp_512(_mm512_sub_ps(zero, gv));
+    const __m512 s = _mm512_mul_ps(gv, reciprocal_512(_mm512_add_ps(one, e)));
     store16(out + i, _mm512_mul_ps(as_stored(s, out), load16(u + i)));
   }
   if (i < n) silu_mul_row_256(g + i, u + i, out + i, n - i);
