@@ -61,19 +61,25 @@ def test_the_kernels_line_names_features_dtype_gemm_attention_weights_threads(dt
     assert "; attention torch; " in describe_cpu_paths(model, torch_backend, dtype)
 
 
-def test_a_cpu_engine_logs_its_kernels_at_start(caplog):
+@pytest.mark.parametrize("dtype", ["float32", "auto"])
+def test_a_cpu_engine_logs_its_kernels_at_start(caplog, dtype):
+    """The engine's start-up names its kernels; with dtype auto the engine takes this CPU's
+    choice (bfloat16 where it has native bf16) and reports it."""
     from conveyor.engine.engine_factory import build_engine_core
 
     caplog.set_level(logging.INFO, logger="conveyor.engine")
-    settings = EngineSettings(model="smollm2-135m-instruct", dtype="float32",
+    settings = EngineSettings(model="smollm2-135m-instruct", dtype=dtype,
                               attention_backend="torch", num_kv_blocks=16, max_model_len=64,
                               torch_threads=1)
     threads = torch.get_num_threads()
     try:
-        build_engine_core(settings)
+        core = build_engine_core(settings)
     finally:
         torch.set_num_threads(threads)
+    expected = auto_cpu_dtype("fp32") if dtype == "auto" else dtype
+    assert core.info.dtype == expected
     lines = [r.getMessage() for r in caplog.records if " kernels: CPU " in r.getMessage()]
     assert len(lines) == 1
-    assert "; dtype float32; GEMM " in lines[0] and "; attention torch; " in lines[0]
-    assert "weights fp32, " in lines[0] and lines[0].endswith("; 1 torch threads")
+    assert f"; dtype {expected}; GEMM " in lines[0] and "; attention torch; " in lines[0]
+    name = {"float32": "fp32", "bfloat16": "bf16"}[expected]
+    assert f"weights {name}, " in lines[0] and lines[0].endswith("; 1 torch threads")
