@@ -42,6 +42,11 @@ def build_engine_core(settings: EngineSettings) -> EngineCore:
              info.attention_backend, describe_weight_format(runner.model),
              info.max_model_len, info.kv_capacity_tokens,
              str(runner.config.torch_kv_dtype).removeprefix("torch."))
+    if not runner.config.is_cuda:
+        from conveyor.engine.model.cpu_paths import describe_cpu_paths
+
+        log.info("engine %s kernels: %s", info.engine_id,
+                 describe_cpu_paths(runner.model, runner.backend, runner.config.torch_dtype))
     return EngineCore(scheduler, runner, info, grammars, settings.grammar_compile_timeout_s)
 
 

@@ -85,9 +85,10 @@ def test_settings_read_the_engine_prefix(monkeypatch):
     monkeypatch.setenv("CONVEYOR_ENGINE_DEVICE", "cpu")
     settings = EngineSettings()
     assert (settings.block_size, settings.metrics_port, settings.port) == (32, 9102, 50052)
-    assert settings.resolved_dtype() == "float32"
     from conveyor.engine.attention.native_kernel import native_unavailable_reason
+    from conveyor.engine.native.cpu_features import auto_cpu_dtype
 
+    assert settings.resolved_dtype() == auto_cpu_dtype("fp32")
     expected = "torch" if native_unavailable_reason() else "native"
     assert settings.resolved_attention_backend() == expected
 
