@@ -4,7 +4,7 @@ C++ kernel reading the pool in place) on each of its code paths, at SmolLM2-135M
 30 layers' pools.
 
     .venv/bin/python bench/decode_attention.py [--threads 2] [--layers 30] [--repeats 7]
-        [--paths avx2 avx512-cascade avx512] [--fp16-pools]
+        [--paths avx2 avx512-cascade avx512] [--fp16-pools] [--bf16]
 
 Scenarios: N in {16, 64} x context in {256, 768}, plain (every request its own blocks)
 and shared-prefix (the first 2/3 of the context, 512 of 768 / 160 of 256 tokens, in
@@ -20,6 +20,10 @@ With --fp16-pools each native path also runs over the same pools rounded to fp16
 (kv_cache_dtype float16), named "<path>/fp16", its speedup over the first path in fp32; the
 fp16 pools' floor (half the bytes) and the fp16 paths' difference from torch over the fp32
 pools (the rounding's cost) are printed after the fp32 ones.
+With --bf16 the step also runs as a bf16 model runs it: bf16 queries, keys and values over the
+pools rounded to bf16, through torch ("torch/bf16": the path a bf16 engine took before the
+kernels read bf16) and each native path ("<path>/bf16"), each one's speedup over the first path
+in fp32; their difference from torch in fp32 is printed last.
 """
 
 from __future__ import annotations
@@ -68,15 +72,17 @@ def read_bandwidth_gbs(size_mb: int = 1024) -> float:
     return buf.numel() * 4 / best / 1e9
 
 
-def time_steps(backends: dict, meta, query, key, value,
+def time_steps(backends: dict, meta, rows: dict,
                repeats: int) -> dict[str, tuple[float, torch.Tensor]]:
-    """Best-of-`repeats` ms per step of each backend (name -> (backend, its pools)), the
+    """Best-of-`repeats` ms per step of each backend (name -> (backend, its pools)) over the
+    query, key and value rows of its pools' model dtype (rows: dtype -> (q, k, v)), the
     backends taking turns step by step (the machine is shared: the minimum of interleaved
     runs is the robust figure)."""
     times = {name: [] for name in backends}
     outs = {}
     for repeat in range(repeats + 1):  # the first round warms up (workspace, page faults)
         for name, (backend, pools) in backends.items():
+            query, key, value = rows[torch.bfloat16 if name.endswith("/bf16") else torch.float32]
             start = time.perf_counter()
             plan = backend.plan(meta)
             for pool in pools:
@@ -101,18 +107,28 @@ def run_scenario(num_seqs: int, context: int, shared: int, args, bandwidth: floa
         half = [pool.half() for pool in pools]
         backends.update({f"{path}/fp16": (NativeAttentionBackend(spec, path), half)
                          for path in args.paths})
-    timed = time_steps(backends, meta, query, key, value, args.repeats)
+    if args.bf16:
+        bf16 = [pool.bfloat16() for pool in pools]
+        backends["torch/bf16"] = (create_backend("torch", spec), bf16)
+        backends.update({f"{path}/bf16": (NativeAttentionBackend(spec, path), bf16)
+                         for path in args.paths})
+    rows = {torch.float32: (query, key, value),
+            torch.bfloat16: (query.bfloat16(), key.bfloat16(), value.bfloat16())}
+    timed = time_steps(backends, meta, rows, args.repeats)
     kv_bytes = num_blocks * BLOCK * KV_HEADS * HEAD_DIM * 4 * 2 * args.layers
     torch_out = timed["torch"][1]
 
     def diff(names):
-        return max((float((timed[n][1] - torch_out).abs().max()) for n in names), default=0.0)
+        return max((float((timed[n][1].float() - torch_out).abs().max()) for n in names),
+                   default=0.0)
 
     fp16_names = [name for name in timed if name.endswith("/fp16")]
+    bf16_names = [name for name in timed if name.endswith("/bf16")]
     return {"num_seqs": num_seqs, "context": context, "shared": shared,
             "ms": {name: round(ms, 2) for name, (ms, _) in timed.items()},
             "floor_ms": round(kv_bytes / bandwidth / 1e6, 2),
-            "max_abs_diff": diff(args.paths), "fp16_max_abs_diff": diff(fp16_names)}
+            "max_abs_diff": diff(args.paths), "fp16_max_abs_diff": diff(fp16_names),
+            "bf16_max_abs_diff": diff(bf16_names)}
 
 
 def main() -> None:
@@ -126,6 +142,8 @@ def main() -> None:
                         help="native kernel paths to time (native_kernel.KERNEL_PATHS)")
     parser.add_argument("--fp16-pools", action="store_true",
                         help="also run each native path over the pools rounded to fp16")
+    parser.add_argument("--bf16", action="store_true",
+                        help="also run the step as a bf16 model does (torch and each path)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     if not load_decode_kernel().has_avx512():
@@ -135,10 +153,11 @@ def main() -> None:
     print(f"threads {args.threads}, load average {os.getloadavg()[0]:.2f}, "
           f"DRAM read {bandwidth:.1f} GB/s")
     first = args.paths[0]
+    args.paths_timed = list(args.paths)
     if args.fp16_pools:
-        args.paths_timed = [*args.paths, *(f"{p}/fp16" for p in args.paths)]
-    else:
-        args.paths_timed = list(args.paths)
+        args.paths_timed += [f"{p}/fp16" for p in args.paths]
+    if args.bf16:
+        args.paths_timed += ["torch/bf16", *(f"{p}/bf16" for p in args.paths)]
     print("  N  ctx shared | torch ms | "
           + " | ".join(f"{p} ms (x vs {first})" for p in args.paths_timed)
           + " | K/V floor ms | max abs diff")
@@ -153,6 +172,7 @@ def main() -> None:
                                    for p in args.paths_timed)
                 fp16 = (f" | fp16: floor {row['floor_ms'] / 2:.2f}, diff "
                         f"{row['fp16_max_abs_diff']:.1e}" if args.fp16_pools else "")
+                fp16 += (f" | bf16 diff {row['bf16_max_abs_diff']:.1e}" if args.bf16 else "")
                 print(f"{num_seqs:3d} {context:4d} {shared:6d} | {ms['torch']:8.2f} | {paths} | "
                       f"{row['floor_ms']:12.2f} | {row['max_abs_diff']:.1e}{fp16}", flush=True)
     if args.json:

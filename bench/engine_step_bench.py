@@ -19,6 +19,21 @@ With --hf the same conc-N and single workloads run through transformers `generat
 the baseline, e.g. `git worktree add /tmp/base HEAD~1`) and this tree, --rounds times,
 in fresh processes, and prints the candidate/baseline ratio per workload per round:
 the machine is shared, so only side-by-side ratios mean much.
+
+--variant NAME=SETTINGS (repeated) runs the peer suite's profile in process instead, one fresh
+process per variant, the variants alternating (their order reversed every other round),
+--rounds times: c1 (--c1-requests requests one at a time: TTFT and TPOT p50) and c16
+(--c16-requests at concurrency 16: output tok/s and TTFT p50), 256-token random prompts, 64
+output tokens, ignore_eos. SETTINGS is KEY=VALUE pairs, comma-separated, set in the child's
+environment (CONVEYOR_ENGINE_DTYPE=bfloat16, a kernel switch, ...); the key `tree` runs the
+engine of another checkout (its services/engine first on PYTHONPATH), e.g.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.engine_step_bench --threads 2 --rounds 3 \
+        --variant fp32=CONVEYOR_ENGINE_DTYPE=float32 \
+        --variant bf16-before=tree=/tmp/base,CONVEYOR_ENGINE_DTYPE=bfloat16 \
+        --variant bf16=CONVEYOR_ENGINE_DTYPE=bfloat16
+Each round prints every variant's figures and the machine's load; the summary gives each
+figure's median over the rounds and its ratio to the first variant's.
 """
 
 from __future__ import annotations
@@ -152,6 +167,27 @@ def run_hf(args, results: dict) -> None:
         model, random_prompts(1, PROMPT_LEN, seed=7)[0], OUTPUT_LEN)
 
 
+def run_peer_profile(args, results: dict) -> None:
+    """c1 TTFT/TPOT p50 and c16 tok/s and TTFT p50 of the offline engine (settings from the
+    environment), driven in a closed loop like the served benchmark."""
+    from bench.inprocess_engine import make_llm, run_inprocess
+    from bench.serving.workload import BenchRequest
+
+    llm = make_llm(model=args.model, max_num_seqs=64, kv_cache_gib=args.kv_cache_gib,
+                   max_model_len=2048, torch_threads=args.threads)
+
+    def requests(count: int, seed: int) -> list[BenchRequest]:
+        return [BenchRequest(p, PROMPT_LEN, OUTPUT_LEN)
+                for p in random_prompts(count, PROMPT_LEN, seed=seed)]
+
+    run_inprocess(llm, requests(2, seed=-1), 2)  # warm-up: oneDNN primitives, first calls
+    c1, _ = run_inprocess(llm, requests(args.c1_requests, seed=1), 1)
+    c16, _ = run_inprocess(llm, requests(args.c16_requests, seed=16), 16)
+    results.update({"c1 TTFT ms": c1.ttft.p50, "c1 TPOT ms": c1.tpot.p50,
+                    "c16 tok/s": c16.output_throughput, "c16 TTFT ms": c16.ttft.p50,
+                    "dtype": llm.core.info.dtype, "attention": llm.core.info.attention_backend})
+
+
 def run_once(args) -> dict:
     import torch
 
@@ -160,6 +196,9 @@ def run_once(args) -> dict:
     results: dict = {"threads": torch.get_num_threads()}
     if args.steps:
         run_steps(args, results)
+        return results
+    if args.peer_profile:
+        run_peer_profile(args, results)
         return results
     run_conveyor(args, results)
     if args.hf:
@@ -192,6 +231,48 @@ def compare(args, argv: list[str]) -> None:
         print(f"  base {runs['base']}\n  cand {runs['cand']}", flush=True)
 
 
+def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
+    """NAME=K1=V1,K2=V2 -> (NAME, {K1: V1, K2: V2}); `tree` is the engine checkout."""
+    name, _, settings = spec.partition("=")
+    return name, dict(kv.split("=", 1) for kv in settings.split(",") if kv)
+
+
+def compare_variants(args, argv: list[str]) -> None:
+    """The peer profile of each variant in fresh processes, alternating, --rounds times."""
+    import statistics
+
+    here = Path(__file__).resolve().parents[1]
+    variants = dict(parse_variant(spec) for spec in args.variant)
+    child = ["--json", "--peer-profile", "--threads", str(args.threads), "--c1-requests",
+             str(args.c1_requests), "--c16-requests", str(args.c16_requests)]
+    rows: dict[str, list[dict]] = {name: [] for name in variants}
+    for round_ in range(args.rounds):
+        order = list(variants.items())
+        for name, settings in order if round_ % 2 == 0 else reversed(order):
+            env = {k: v for k, v in settings.items() if k != "tree"}
+            tree = Path(settings.get("tree", here))
+            env = dict(os.environ, **env, PYTHONPATH=f"{tree / 'services/engine'}:{here}")
+            load = os.getloadavg()[0]
+            out = subprocess.run([sys.executable, "-m", "bench.engine_step_bench", *child],
+                                 env=env, cwd=here, capture_output=True, text=True,
+                                 check=True).stdout
+            rows[name].append(json.loads(out.strip().splitlines()[-1]))
+            print(f"round {round_} {name:14s} load {load:4.2f} " + "  ".join(
+                f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in rows[name][-1].items()), flush=True)
+    first = next(iter(variants))
+    figures = [k for k, v in rows[first][0].items() if isinstance(v, float)]
+    print("| variant | " + " | ".join(figures) + " |")
+    print("|---|" + "---:|" * len(figures))
+    for name, runs in rows.items():
+        cells = []
+        for k in figures:
+            median = statistics.median(r[k] for r in runs)
+            base = statistics.median(r[k] for r in rows[first])
+            cells.append(f"{median:.1f} ({median / base:.2f}x)")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -207,7 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", action="store_true", help="time single steps (see above)")
     p.add_argument("--num-steps", type=int, default=9)
     p.add_argument("--json", action="store_true", help="print one JSON line (for --against)")
+    p.add_argument("--variant", action="append", default=[],
+                   help="NAME=KEY=VALUE,... (repeated): the peer profile per variant (above)")
+    p.add_argument("--peer-profile", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--c1-requests", type=int, default=6)
+    p.add_argument("--c16-requests", type=int, default=48)
     args = p.parse_args(argv)
+    if args.variant:
+        compare_variants(args, argv)
+        return 0
     if args.against:
         compare(args, argv)
         return 0

@@ -26,22 +26,24 @@ def make_llm(**settings):
     return LLM(**settings)
 
 
-def _engine_request(request_id: str, request: BenchRequest, tokenizer, ignore_eos: bool):
+def _engine_request(request_id: str, request: BenchRequest, tokenizer, ignore_eos: bool,
+                    structured_outputs=None):
     from conveyor.engine.engine_request import EngineRequest
     from conveyor.engine.sampling_params import SamplingParams
 
     ids = request.prompt if isinstance(request.prompt, list) else tokenizer(
         request.prompt, add_special_tokens=False)["input_ids"]
     params = SamplingParams(temperature=0.0, max_tokens=request.max_tokens,
-                            ignore_eos=ignore_eos)
+                            ignore_eos=ignore_eos, structured_outputs=structured_outputs)
     return EngineRequest(request_id, list(ids), params)
 
 
 def run_inprocess(llm, requests: list[BenchRequest], concurrency: int,
                   ignore_eos: bool = True, slo: Slo | None = None,
-                  duration_s: float | None = None
+                  duration_s: float | None = None, structured_outputs=None
                   ) -> tuple[BenchmarkMetrics, list[RequestResult]]:
-    """Closed loop over `llm.core` with `concurrency` requests in flight."""
+    """Closed loop over `llm.core` with `concurrency` requests in flight; every request
+    constrained by `structured_outputs` (a StructuredOutputsParams) when given."""
     core, tokenizer = llm.core, llm.get_tokenizer()
     queue, ids = deque(requests), itertools.count()
     live: dict[str, tuple[RequestResult, float]] = {}  # id -> (result, last token time)
@@ -56,7 +58,8 @@ def run_inprocess(llm, requests: list[BenchRequest], concurrency: int,
             now = time.perf_counter()
             # The request's clock starts before tokenization, as a server's would.
             result = RequestResult(prompt_len=request.prompt_len, start_time=now)
-            core.add_request(_engine_request(request_id, request, tokenizer, ignore_eos))
+            core.add_request(_engine_request(request_id, request, tokenizer, ignore_eos,
+                                             structured_outputs))
             live[request_id] = (result, now)
 
     admit()

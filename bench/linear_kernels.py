@@ -11,8 +11,9 @@ plain read of as many bytes, `x.sum()`); the table gives each one's median, and 
 the fp32 weight bytes over that time, next to the same run's x.sum() read bandwidth.
 
 Kernels: aten-row; aten-col (F.linear on a column-major weight); onednn (fp32, weight
-prepacked by oneDNN); gemv, gemv-avx2 (native/csrc/fp32_gemv.cpp on the row-major
-weight, its AVX-512 path where the CPU has one, and its AVX2 path); engine (CpuLinear:
+prepacked by oneDNN; bf16 weights too with --dtype bfloat16); gemv, gemv-avx2, gemv-avx512,
+gemv-avx512-bf16 (native/csrc/gemv.cpp on the row-major weight: its widest path here, or one
+forced; avx512-bf16 is the bf16 dot product, bf16 weights only); engine (CpuLinear:
 gemv up to GEMV_MAX_ROWS rows of its code path, onednn for more); engine-before (CpuLinear
 without the gemv: aten-col for one row on one thread, onednn otherwise);
 fbgemm-fp16 (weights stored in fp16, fp32 math); fbgemm-int8 (int8 weights and dynamically
@@ -82,13 +83,15 @@ def _engine(w: torch.Tensor, gemv: bool = True) -> Linear:
 
 def _gemv(isa: str) -> Callable[[torch.Tensor], Linear]:
     def make(w: torch.Tensor) -> Linear:
-        from conveyor.engine.model.cpu_linear import GEMV_ISAS, gemv_ops
+        from conveyor.engine.model.cpu_linear import GEMV_ENTRIES, GEMV_ISAS, gemv_ops
 
-        ops = gemv_ops()
+        if isa == "avx512-bf16" and w.dtype != torch.bfloat16:
+            raise SystemExit("gemv-avx512-bf16 multiplies bf16 weights: add --dtype bfloat16")
+        ops = gemv_ops(w.dtype)
         if ops is None:
-            raise SystemExit("the fp32 GEMV did not build here (see the log)")
-        code = GEMV_ISAS[isa]
-        return lambda x: ops.fp32_linear(x, w, None, code)
+            raise SystemExit(f"the {w.dtype} GEMV did not build here (see the log)")
+        linear, code = getattr(ops, GEMV_ENTRIES[w.dtype]), GEMV_ISAS[isa]
+        return lambda x: linear(x, w, None, code)
     return make
 
 
@@ -104,7 +107,8 @@ def _aten_col(w: torch.Tensor) -> Linear:
 
 KERNELS: dict[str, Callable[[torch.Tensor], Linear]] = {
     "aten-row": lambda w: (lambda x: F.linear(x, w)), "aten-col": _aten_col,
-    "onednn": _onednn, "gemv": _gemv("auto"), "gemv-avx2": _gemv("avx2"), "engine": _engine,
+    "onednn": _onednn, "gemv": _gemv("auto"), "gemv-avx2": _gemv("avx2"),
+    "gemv-avx512": _gemv("avx512"), "gemv-avx512-bf16": _gemv("avx512-bf16"), "engine": _engine,
     "engine-before": lambda w: _engine(w, gemv=False), "fbgemm-fp16": _fbgemm_fp16,
     "fbgemm-int8": _fbgemm_int8, "int8-wo": _int8_weight_only, "int4-wo": _int4_weight_only}
 
@@ -119,10 +123,11 @@ def forward_shapes(config: dict, layers: int) -> list[tuple[int, int]]:
     return per_layer * layers + [(shapes[-1].out_features, shapes[-1].in_features)]
 
 
-def time_forward(linears: list[tuple[int, Linear]], rows: int, repeats: int) -> float:
-    """Seconds for one pass over `linears` (each (in_features, fn)) at `rows` rows
-    (after one untimed pass)."""
-    inputs = {k: torch.randn(rows, k) for k, _ in linears}
+def time_forward(linears: list[tuple[int, Linear]], rows: int, repeats: int,
+                 dtype: torch.dtype = torch.float32) -> float:
+    """Seconds for one pass over `linears` (each (in_features, fn)) at `rows` rows of
+    `dtype` (after one untimed pass)."""
+    inputs = {k: torch.randn(rows, k, dtype=dtype) for k, _ in linears}
     for k, fn in linears:
         fn(inputs[k])
     start = time.perf_counter()
@@ -132,9 +137,12 @@ def time_forward(linears: list[tuple[int, Linear]], rows: int, repeats: int) -> 
     return (time.perf_counter() - start) / repeats
 
 
-def max_error(kernel: str, out_features: int, in_features: int, rows: int) -> float:
+def max_error(kernel: str, out_features: int, in_features: int, rows: int,
+              dtype: torch.dtype = torch.float32) -> float:
+    """Largest absolute error against fp64 on the same (dtype-rounded) weights and inputs."""
     torch.manual_seed(0)
-    w, x = torch.randn(out_features, in_features) * 0.02, torch.randn(rows, in_features)
+    w = (torch.randn(out_features, in_features) * 0.02).to(dtype)
+    x = torch.randn(rows, in_features).to(dtype)
     reference = F.linear(x.double(), w.double())
     return (KERNELS[kernel](w)(x).double() - reference).abs().max().item()
 
@@ -149,9 +157,10 @@ def time_read(data: torch.Tensor, repeats: int) -> float:
 
 
 def survey(config: dict, rows_list: list[int], kernels: list[str], layers: int,
-           max_slow_rows: int, rounds: int = 3) -> list[dict]:
+           max_slow_rows: int, rounds: int = 3,
+           dtype: torch.dtype = torch.float32) -> list[dict]:
     shapes = forward_shapes(config, layers)
-    weights = [torch.randn(n, k) * 0.02 for n, k in shapes]
+    weights = [(torch.randn(n, k) * 0.02).to(dtype) for n, k in shapes]
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     flops_per_row = 2.0 * sum(n * k for n, k in shapes)
     gate_up = max(shapes[:-1])
@@ -165,7 +174,8 @@ def survey(config: dict, rows_list: list[int], kernels: list[str], layers: int,
             for kernel in kernels:
                 if kernel in SLOW and rows > max_slow_rows:
                     continue
-                seconds[(kernel, rows)].append(time_forward(built[kernel], rows, repeats))
+                seconds[(kernel, rows)].append(time_forward(built[kernel], rows, repeats,
+                                                            dtype))
     results = []
     for (kernel, rows), times in seconds.items():
         median = statistics.median(times)
@@ -174,7 +184,7 @@ def survey(config: dict, rows_list: list[int], kernels: list[str], layers: int,
                         flops_per_row * rows / median / 1e9,
                         "gbps": weight_bytes / median / 1e9,
                         "max_abs_error": 0.0 if kernel == "x.sum()" else
-                        max_error(kernel, *gate_up, rows)})
+                        max_error(kernel, *gate_up, rows, dtype)})
     return results
 
 
@@ -202,13 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=None, help="default: the model's")
     p.add_argument("--max-slow-rows", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3, help="turns each kernel takes per row count")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="weights and activations (bfloat16: the bf16 engine's linears)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     config = load_model_config()
     with torch.inference_mode():
         results = survey(config, [int(r) for r in args.rows.split(",")],
                          args.kernels.split(","), args.layers or config["num_hidden_layers"],
-                         args.max_slow_rows, args.rounds)
+                         args.max_slow_rows, args.rounds, getattr(torch, args.dtype))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")

@@ -20,7 +20,11 @@ native backend's prefill kernel (nothing gathered), e.g. a 256-token prompt afte
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.prefill_attention [--lengths 64,256,1024]
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench.prefill_attention --contexts 0:256,512:256,768:256
-        [--paths native-avx2,native-avx512]
+        [--paths native-avx2,native-avx512] [--dtype bfloat16]
+
+--dtype bfloat16 runs the --contexts chunks as a bf16 model does (bf16 queries over a bf16
+pool): the torch plan's SDPA in bf16 (oneDNN brgemm, AMX where the CPU has it) against the
+native kernel (bf16 widened to fp32 as read).
 """
 
 from __future__ import annotations
@@ -117,7 +121,8 @@ VARIANTS = {"sdpa": sdpa, "native": None, "sdpa-math": sdpa_math, "sdpa-exp": sd
             "folded-128": lambda q, k, v: folded_blocked(q, k, v, 128)}
 
 
-def over_context(context: int, length: int, rounds: int, paths: list[str]) -> str:
+def over_context(context: int, length: int, rounds: int, paths: list[str],
+                 dtype: torch.dtype = torch.float32) -> str:
     """One chunk of `length` tokens after `context` cached ones: torch plan vs the native
     kernel on each of `paths` (CONVEYOR_PREFILL_ATTENTION values)."""
     from conveyor.engine.attention.backend import AttentionSpec
@@ -128,8 +133,8 @@ def over_context(context: int, length: int, rounds: int, paths: list[str]) -> st
     g = torch.Generator().manual_seed(0)
     total = context + length
     blocks = -(-total // BLOCK)
-    pool = torch.randn(2, blocks + 1, BLOCK, KV_HEADS, DIM, generator=g)
-    q = torch.randn(length, HEADS, DIM, generator=g)
+    pool = torch.randn(2, blocks + 1, BLOCK, KV_HEADS, DIM, generator=g).to(dtype)
+    q = torch.randn(length, HEADS, DIM, generator=g).to(dtype)
     positions = torch.arange(context, total)
     meta = AttentionMetadata(
         slot_mapping=positions, positions=positions, token_request=torch.zeros_like(positions),
@@ -144,7 +149,7 @@ def over_context(context: int, length: int, rounds: int, paths: list[str]) -> st
         native = NativeAttentionBackend(spec, prefill_path=path)
         fns[path] = (lambda b, plan: lambda: b._prefill(q, pool, plan.prefill))(
             native, native.plan(meta))
-    err = max((fns[p]() - fns["torch plan"]()).abs().max().item() for p in paths)
+    err = max((fns[p]() - fns["torch plan"]()).float().abs().max().item() for p in paths)
     reps = max(3, 2048 // length)
     times = {name: [] for name in fns}
     for _ in range(rounds):
@@ -173,13 +178,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--paths", default="native",
                         help="with --contexts: the kernel's paths, e.g. native-avx2,native-avx512")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="with --contexts: the model dtype (queries and pool)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.contexts:
         for pair in args.contexts.split(","):
             context, length = map(int, pair.split(":"))
-            print(over_context(context, length, args.rounds, args.paths.split(",")),
-                  flush=True)
+            print(over_context(context, length, args.rounds, args.paths.split(","),
+                               getattr(torch, args.dtype)), flush=True)
         return
     for length in map(int, args.lengths.split(",")):
         q, k, v = inputs(length)

@@ -18,7 +18,9 @@ A format may name a variant of its block kernels: `q4_1@REV` runs the kernels of
 int8 formats of a commit before their 8-row packing get their weights in the plain layout),
 `q4_1/avx2` forces the AVX2 code path. A `+kv16` suffix (`fp32+kv16`) runs the format over
 an fp16 KV pool (CONVEYOR_ENGINE_KV_CACHE_DTYPE=float16): its accuracy columns are then the
-cost of the rounded keys and values (with the format's own).
+cost of the rounded keys and values (with the format's own). `bf16` is the model in bfloat16
+(CONVEYOR_ENGINE_DTYPE=bfloat16, what dtype auto picks on a CPU with AVX512-BF16 or AMX: bf16
+weights, activations and KV pool); every other format runs in float32.
 
 --rows adds a kernel table: one forward pass's linear layers at each row count, per format
 (this is what DECODE_MAX_ROWS was chosen from).
@@ -78,9 +80,10 @@ def build_llm(weight_format: str, threads: int):
     weight_format, kv16, _ = weight_format.partition("+kv16")
     base, _, rev = weight_format.partition("@")
     base, _, isa = base.partition("/")
-    llm = LLM(weight_format=base, torch_threads=threads, num_kv_blocks=512,
-              max_num_seqs=16, enable_prefix_caching=False,
-              kv_cache_dtype="float16" if kv16 else "auto")
+    dtype = "bfloat16" if base == "bf16" else "float32"
+    llm = LLM(weight_format="fp32" if base == "bf16" else base, dtype=dtype,
+              torch_threads=threads, num_kv_blocks=512, max_num_seqs=16,
+              enable_prefix_caching=False, kv_cache_dtype="float16" if kv16 else "auto")
     kernels = kernels_at(rev) if rev else None
     for layer in quantized_layers(llm):
         if kernels is not None:
@@ -245,7 +248,9 @@ def kernel_table(llms: dict, rows_list: list[int], repeats: int = 5) -> list[dic
                       and not n.endswith(".dense")]
             for layer in quantized_layers(llm):
                 layer.max_rows = max(rows_list)
-            inputs = {id(m): torch.randn(rows, m.in_features) for m in layers}
+            inputs = {id(m): torch.randn(rows, m.in_features,
+                                         dtype=getattr(m, "dense", m).weight.dtype)
+                      for m in layers}
             times = []
             with torch.inference_mode():
                 for _ in range(repeats):

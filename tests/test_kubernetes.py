@@ -74,8 +74,8 @@ def test_scaled_object_scales_the_engine_on_its_waiting_requests():
     assert re.match(r"^https?://[\w.-]+:\d+$", meta["serverAddress"])
     assert isinstance(meta["threshold"], str) and float(meta["threshold"]) > 0
     exported = _metric_names(EngineMetrics("m", "e").registry)
-    assert set(re.findall(r"conveyor:\w+", meta["query"])) == {"conveyor:num_requests_waiting"}
-    assert "conveyor:num_requests_waiting" in exported
+    assert set(re.findall(r"(?:vllm|conveyor):\w+", meta["query"])) == {"vllm:num_requests_waiting"}
+    assert "vllm:num_requests_waiting" in exported
 
 
 def test_service_monitors_scrape_named_ports_that_serve_metrics():
@@ -243,7 +243,7 @@ def test_dashboard_queries_only_metrics_the_services_export():
                 | _metric_names(GatewayMetrics().registry))
     dashboard = json.loads((m.KUBERNETES / "base" / "grafana" / "conveyor.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    used = {name for e in exprs for name in re.findall(r"\bconveyor[:_][\w:]+", e)}
+    used = {name for e in exprs for name in re.findall(r"\b(?:conveyor[:_]|vllm:)[\w:]+", e)}
     assert used and used <= exported, sorted(used - exported)
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
     for topic in ("first token", "per output token", "running", "kv cache", "prefix",

@@ -97,6 +97,10 @@ def render(results: dict | None, doc: Path, img_dir: Path, peers: dict | None = 
         body = _render_suite(results, doc, img_dir)
         out += ["## The full suite: Conveyor against its own baselines (issue 7)", ""]
         out += [("#" + line) if line.startswith("## ") else line for line in body]
+    for name in STANDALONE_SECTIONS:
+        section = img_dir / name
+        if section.is_file():
+            out += [section.read_text().rstrip(), ""]
     out += ["## How it is measured", "", DEFINITIONS, "",
             "Baselines: `hf-static` is `bench/baselines/hf_static_server.py` (transformers "
             "`generate`, static batches of up to 64, left-padded, run to the batch's longest "
@@ -151,6 +155,10 @@ def _render_suite(results: dict, doc: Path, img_dir: Path) -> list[str]:
         out += [f"- {name}: {msg}" for name, msg in results["errors"].items()] + [""]
     return out
 
+
+STANDALONE_SECTIONS = ("structured_outputs.md",)
+"""Sections that benchmarks run on their own write into the report's img/ folder (`--out`);
+each is kept, as written, above "How it is measured"."""
 
 GPU_SECTION = "gpu_check.md"
 """The section `bench/gpu_check.py --out` wrote into the report's img/ folder, if any."""

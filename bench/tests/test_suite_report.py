@@ -177,3 +177,11 @@ def test_gpu_section_is_the_gpu_check_output_or_says_not_measured(tmp_path):
     (tmp_path / "img" / "gpu_check.md").write_text("## On a GPU: NVIDIA H200, 2026-12-01\n\nPASS\n")
     text = render(results(), doc, tmp_path / "img")
     assert "NVIDIA H200, 2026-12-01" in text and "Not measured yet" not in text
+
+
+def test_a_standalone_benchmarks_section_is_kept_above_the_definitions(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    (tmp_path / "img").mkdir(exist_ok=True)
+    (tmp_path / "img" / "structured_outputs.md").write_text("## Structured outputs\n\n1.01x\n")
+    text = render(results(), doc, tmp_path / "img")
+    assert text.index("## Structured outputs") < text.index("## How it is measured")

@@ -110,6 +110,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             token = ord(SCRIPT[i % len(SCRIPT)])
             last = i == sampling.max_tokens - 1
             for index in range(max(1, request.n)):
+                first = i == len(request.resume_output_token_ids) and index == 0
                 yield engine_pb2.GenerateResponse(
                     index=index,
                     token_ids=[token],
@@ -117,6 +118,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                     finish_reason=engine_pb2.FINISH_REASON_LENGTH if last else 0,
                     usage=engine_pb2.Usage(prompt_tokens=num_prompt, completion_tokens=i + 1,
                                            cached_tokens=3),
+                    prompt_logprobs=_prompt_logprobs(request) if first else [],
                 )
 
     async def Stats(self, request, context):
@@ -131,6 +133,19 @@ def _logprobs(token: int, sampling) -> engine_pb2.PositionLogprobs:
     top = [engine_pb2.TokenLogprob(token_id=token + k, logprob=-0.5 - k)
            for k in range(sampling.top_logprobs)]
     return engine_pb2.PositionLogprobs(logprob=-0.5, top=top)
+
+
+def _prompt_logprobs(request) -> list[engine_pb2.PositionLogprobs]:
+    """When asked for: position p's prompt token at logprob -p/10 and rank p, and
+    prompt_logprobs alternatives (the token's id + 1, + 2, ...)."""
+    if not request.sampling.HasField("prompt_logprobs"):
+        return []
+    prompt = request.prompt_token_ids
+    return [engine_pb2.PositionLogprobs(
+        logprob=-p / 10, rank=p,
+        top=[engine_pb2.TokenLogprob(token_id=prompt[p] + k + 1, logprob=-k - 0.5)
+             for k in range(request.sampling.prompt_logprobs)])
+        for p in range(1, len(prompt))]
 
 
 class FakeDetok(detok_pb2_grpc.DetokenizerServicer):

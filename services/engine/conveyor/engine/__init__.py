@@ -1,11 +1,13 @@
 """Conveyor's engine: paged KV cache, continuous batching and a Llama-family model.
 
-`from conveyor.engine import LLM, SamplingParams` is the offline (in-process) API.
+`from conveyor.engine import LLM, SamplingParams, StructuredOutputsParams` is the offline
+(in-process) API.
 """
 
 from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.structured.structured_outputs_params import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams"]
 
 
 def __getattr__(name: str):

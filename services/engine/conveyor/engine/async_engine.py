@@ -30,6 +30,7 @@ from conveyor.engine.engine_stats import EngineStats
 from conveyor.engine.metrics import EngineMetrics
 from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.step_result import StepResult
+from conveyor.engine.structured.errors import InvalidConstraint
 
 log = logging.getLogger("conveyor.engine.loop")
 
@@ -117,6 +118,8 @@ class AsyncEngine:
             self._lock.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        if self.core is not None:
+            self.core.close()
         self._fail_all_streams(EngineStoppedError("the engine is shutting down"))
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestDelta]:
@@ -125,6 +128,7 @@ class AsyncEngine:
         Leaving early (break, cancellation, an exception in the caller) aborts the
         request at the loop's next step boundary. Raises DuplicateRequestId,
         WaitingQueueFull (refused, or pushed out of the waiting queue before it ran),
+        InvalidConstraint (its structured output does not compile, or not in time),
         RequestFailedError (model error) or EngineStoppedError.
         """
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(),
@@ -137,7 +141,8 @@ class AsyncEngine:
                 if isinstance(delta, BaseException):
                     raise delta
                 if delta.error is not None:
-                    raise RequestFailedError(delta.error)
+                    raise (InvalidConstraint if delta.invalid_request
+                           else RequestFailedError)(delta.error)
                 num_finished += delta.finished
                 yield delta
         finally:

@@ -5,6 +5,13 @@ offline LLM's caller). Callers speak in their own request ids; a request with
 `n > 1` runs as n scheduler requests `f"{id}-{i}"` whose deltas carry `index = i`.
 The scheduler's `requests` is the one map of the requests it holds; each carries its
 caller's id, sample index and timing (core.request.Request).
+
+A constrained request (sampling_params.structured_outputs) is queued at once, with its
+grammar asked of the GrammarCompiler (compiled on its threads, or found in its cache);
+the scheduler passes it over until the start of a step finds the grammar compiled and
+gives each sample its matcher, advanced over the output it already has. A grammar that
+fails to compile, or does not compile within the timeout, fails the request
+(delta.error with invalid_request set) before it ever runs.
 """
 
 from __future__ import annotations
@@ -19,15 +26,22 @@ from conveyor.engine.core.errors import DuplicateRequestId, WaitingQueueFull
 from conveyor.engine.core.request import FinishReason, Request
 from conveyor.engine.core.request_update import RequestUpdate
 from conveyor.engine.core.scheduler import Scheduler
-from conveyor.engine.core.scheduler_output import ModelRunnerOutput, ScheduledRequest
+from conveyor.engine.core.scheduler_output import (
+    ModelRunnerOutput,
+    PromptTokenLogprob,
+    ScheduledRequest,
+)
 from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.engine_stats import EngineStats
 from conveyor.engine.isolating_runner import IsolatingRunner, ModelRunnerLike
-from conveyor.engine.iteration_stats import IterationStats
+from conveyor.engine.iteration_stats import FinishedRequestStats, IterationStats
 from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.request_timing import PrefillChunk, RequestTiming
 from conveyor.engine.step_result import StepResult
+from conveyor.engine.structured.errors import InvalidConstraint
+from conveyor.engine.structured.grammar_compiler import GrammarCompiler
+from conveyor.engine.structured.request_grammar import RequestGrammar
 
 log = logging.getLogger("conveyor.engine.core")
 
@@ -35,14 +49,23 @@ log = logging.getLogger("conveyor.engine.core")
 class EngineCore:
     """Adds, aborts and steps requests; turns each step into per-request deltas."""
 
-    def __init__(self, scheduler: Scheduler, runner: ModelRunnerLike, info: EngineInfo):
+    def __init__(self, scheduler: Scheduler, runner: ModelRunnerLike, info: EngineInfo,
+                 grammars: GrammarCompiler | None = None,
+                 grammar_compile_timeout_s: float = 10.0):
         self.scheduler = scheduler
         self._isolating = IsolatingRunner(runner)
         self.info = info
+        self.grammars = grammars
+        """Compiles structured-output constraints; None: such requests are refused."""
+        self.grammar_compile_timeout_s = grammar_compile_timeout_s
         self._children: dict[str, list[str]] = {}
         """Caller request id -> its unfinished scheduler request ids (held ones included)."""
         self._held_siblings: dict[str, list[Request]] = {}
         """First sample's id -> samples 1..n-1, added once its prompt is cached."""
+        self._prompt_logprobs: dict[str, list[PromptTokenLogprob]] = {}
+        """Scheduler request id -> its prompt logprobs so far, until its first token."""
+        self._awaiting_grammar: dict[str, Request] = {}
+        """Queued scheduler requests whose grammar has not started yet, by id."""
 
     @property
     def runner(self) -> ModelRunnerLike:
@@ -76,6 +99,7 @@ class EngineCore:
         if request.request_id in self._children:
             raise DuplicateRequestId(f"request_id {request.request_id!r} is already running")
         samples = [self._sample(request, i) for i in range(request.sampling_params.n)]
+        self._ask_for_grammar(request, samples)
         first, rest = samples[0], samples[1:]
         shed = self._submit(first)
         self._children[request.request_id] = [s.request_id for s in samples]
@@ -100,15 +124,33 @@ class EngineCore:
         if params.n > 1:
             request_id = f"{request.request_id}-{index}"
             seed = None if params.seed is None else sample_seed(params.seed, index)
-            params = dataclasses.replace(params, n=1, seed=seed)
+            prompt_logprobs = params.prompt_logprobs if index == 0 else None  # one copy
+            params = dataclasses.replace(params, n=1, seed=seed,
+                                         prompt_logprobs=prompt_logprobs)
         return Request(request_id, list(request.prompt_token_ids), params,
                        priority=request.priority, cache_salt=request.cache_salt,
                        output_token_ids=list(request.output_token_ids),
                        exempt_from_bounds=index > 0, parent_id=request.request_id,
                        sample_index=index, timing=RequestTiming(request.arrival_time))
 
+    def _ask_for_grammar(self, request: EngineRequest, samples: list[Request]) -> None:
+        """Give each sample of a constrained request the grammar being compiled (or cached);
+        raises InvalidConstraint when this engine has no compiler."""
+        constraint = request.sampling_params.structured_outputs
+        if constraint is None:
+            return
+        if self.grammars is None:
+            raise InvalidConstraint("this engine does not support structured outputs")
+        compiled = self.grammars.compile(constraint)
+        deadline = time.monotonic() + self.grammar_compile_timeout_s
+        for sample in samples:
+            sample.grammar = RequestGrammar(compiled, deadline, self.grammar_compile_timeout_s)
+
     def _submit(self, request: Request) -> list[Request]:
-        return self.scheduler.add_request(request)
+        shed = self.scheduler.add_request(request)
+        if request.grammar is not None:
+            self._awaiting_grammar[request.request_id] = request
+        return shed
 
     def _drop_shed(self, shed: list[Request]) -> dict[str, WaitingQueueFull]:
         """Forget the scheduler requests pushed out of the queue and abort the rest of
@@ -124,7 +166,14 @@ class EngineCore:
         for parent_id in request_ids:
             for request_id in self._children.pop(parent_id, []):
                 self._held_siblings.pop(request_id, None)
+                self._prompt_logprobs.pop(request_id, None)
+                self._awaiting_grammar.pop(request_id, None)
                 self.scheduler.abort(request_id)  # False for a held sibling: never added
+
+    def close(self) -> None:
+        """Drop queued grammar compiles (one already running finishes in its thread)."""
+        if self.grammars is not None:
+            self.grammars.close()
 
     def step(self) -> StepResult:
         """Schedule, run the model, and report what each request gained.
@@ -133,8 +182,9 @@ class EngineCore:
         (its blocks freed at the end of the step); the others go on.
         """
         result = StepResult()
+        result.deltas = self._start_grammars()
         scheduler_output = self.scheduler.schedule()
-        result.num_scheduled_tokens = scheduler_output.num_batched_tokens
+        result.iteration.num_scheduled_tokens = scheduler_output.num_batched_tokens
         now = time.monotonic()
         self._mark_preempted(scheduler_output.preempted_request_ids, now)
         # This step's requests, looked up now: the scheduler forgets those that finish in it.
@@ -147,10 +197,40 @@ class EngineCore:
             return result
         executed = self._isolating.execute(scheduler_output)
         _end_chunks(prefills, time.monotonic())
+        for request_id, entries in executed.output.prompt_logprobs.items():
+            self._prompt_logprobs.setdefault(request_id, []).extend(entries)
         failed = self._abort_failed(executed.failures)
         updates = self.scheduler.update_from_output(scheduler_output, executed.output)
-        result.deltas = [*failed, *self._collect(updates, in_step, result.iteration)]
+        result.deltas += [*failed, *self._collect(updates, in_step, result.iteration)]
         return result
+
+    def _start_grammars(self) -> list[RequestDelta]:
+        """Start the matcher of each queued request whose grammar has compiled; fail (the
+        whole caller request) those whose grammar is invalid or past its deadline."""
+        now = time.monotonic()
+        failed = []
+        for request_id, request in list(self._awaiting_grammar.items()):
+            if request_id not in self._awaiting_grammar or not request.grammar.can_start(now):
+                continue  # gone with a sibling that failed before it, or still compiling
+            del self._awaiting_grammar[request_id]
+            try:
+                request.grammar.start(request.output_token_ids)
+            except InvalidConstraint as exc:
+                failed.append(self._fail(request, str(exc), invalid_request=True))
+            except Exception as exc:  # a fault of the library, not of the request
+                log.exception("starting the grammar of %s failed", request_id)
+                failed.append(self._fail(request, f"grammar error: {type(exc).__name__}: {exc}"))
+        return failed
+
+    def _fail(self, request: Request, error: str, invalid_request: bool = False) -> RequestDelta:
+        """Abort the caller request of `request` (every sample) with `error`; it held no
+        blocks (it never ran)."""
+        self.abort([request.caller_id])
+        return RequestDelta(request_id=request.caller_id, index=request.sample_index,
+                            finish_reason=FinishReason.ABORT, error=error,
+                            invalid_request=invalid_request,
+                            num_prompt_tokens=request.num_prompt_tokens,
+                            num_output_tokens=request.num_output_tokens)
 
     def _mark_scheduled(self, scheduled: list[ScheduledRequest], in_step: dict[str, Request],
                         now: float, iteration: IterationStats) -> list[PrefillChunk]:
@@ -169,6 +249,7 @@ class EngineCore:
 
     def _mark_preempted(self, request_ids: list[str], now: float) -> None:
         for request_id in request_ids:
+            self._prompt_logprobs.pop(request_id, None)  # its prompt is computed again
             request = self.scheduler.requests.get(request_id)
             if request is not None:
                 request.timing.preemption_times.append(now)
@@ -190,11 +271,15 @@ class EngineCore:
 
     def _delta(self, request: Request, update: RequestUpdate) -> RequestDelta:
         wants_logprobs = request.sampling_params.logprobs
+        prompt_logprobs = None
+        if update.new_token_ids or update.finish_reason is not None:
+            prompt_logprobs = self._prompt_logprobs.pop(request.request_id, None)
         return RequestDelta(
             request_id=request.caller_id,
             index=request.sample_index,
             new_token_ids=update.new_token_ids,
             new_logprobs=list(update.new_tokens) if wants_logprobs else None,
+            prompt_logprobs=prompt_logprobs,
             finish_reason=update.finish_reason,
             stop_token_id=_stop_token_of(request, update),
             num_prompt_tokens=update.num_prompt_tokens,
@@ -215,9 +300,9 @@ class EngineCore:
                 iteration.inter_token_latency.append(now - timing.last_token_time)
             timing.last_token_time = now
         if delta.finished:
-            iteration.e2e_latency.append(now - timing.arrival_time)
             timing.finish_time = now
             delta.timing = timing
+            iteration.finished.append(_finished_stats(request, delta, timing))
 
     def _finish(self, request: Request) -> None:
         """Forget a finished scheduler request (the scheduler has freed its blocks)."""
@@ -241,6 +326,7 @@ class EngineCore:
             if request is None:
                 continue
             self.scheduler.abort(request_id)
+            self._prompt_logprobs.pop(request_id, None)
             deltas.append(RequestDelta(
                 request_id=request.caller_id, index=request.sample_index,
                 finish_reason=FinishReason.ABORT,
@@ -277,6 +363,20 @@ def _is_prefill(item: ScheduledRequest) -> bool:
     """True unless the step computes just the latest sampled token (a decode step)."""
     num_known = len(item.prompt_token_ids) + len(item.output_token_ids)
     return not item.output_token_ids or item.num_computed_tokens < num_known - 1
+
+
+def _finished_stats(request: Request, delta: RequestDelta,
+                    timing: RequestTiming) -> FinishedRequestStats:
+    """What the metrics keep of a finished sample (times 0 for phases it never reached)."""
+    scheduled = timing.first_scheduled_time or timing.finish_time
+    first_token = timing.first_token_time or timing.finish_time
+    return FinishedRequestStats(
+        finish_reason=delta.finish_reason.value,
+        e2e_latency=timing.finish_time - timing.arrival_time,
+        queue_time=scheduled - timing.arrival_time, prefill_time=first_token - scheduled,
+        decode_time=timing.finish_time - first_token, num_prompt_tokens=delta.num_prompt_tokens,
+        num_generation_tokens=delta.num_output_tokens,
+        max_tokens=request.sampling_params.max_tokens)
 
 
 def _end_chunks(chunks: list[PrefillChunk], now: float) -> None:

@@ -5,17 +5,20 @@ from __future__ import annotations
 import logging
 import re
 
+from conveyor.common.models import load_tokenizer, resolve_model
 from conveyor.engine.core.config import SchedulerConfig
 from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.settings import EngineSettings
+from conveyor.engine.structured.grammar_compiler import GrammarCompiler, grammar_tokenizer
 
 log = logging.getLogger("conveyor.engine")
 
 
 def build_engine_core(settings: EngineSettings) -> EngineCore:
-    """Load the model, size the KV pool and set up the scheduler over it.
+    """Load the model, size the KV pool and set up the scheduler over it, and the grammar
+    compiler of structured outputs over the model's tokenizer.
 
     Raises ValueError naming the setting to change (dtype for the device, a KV
     pool smaller than one max_model_len sequence, ...).
@@ -33,12 +36,25 @@ def build_engine_core(settings: EngineSettings) -> EngineCore:
         raise ValueError(_in_setting_names(str(exc))) from exc
     info = _engine_info(settings, runner)
     scheduler = Scheduler(_scheduler_config(settings, info), info.eos_token_ids)
+    grammars = _grammar_compiler(settings, info)
     log.info("engine %s: %s on %s (%s, %s attention, weights %s), max_model_len %d, "
              "KV %d tokens in %s", info.engine_id, info.model, runner.config.device, info.dtype,
              info.attention_backend, describe_weight_format(runner.model),
              info.max_model_len, info.kv_capacity_tokens,
              str(runner.config.torch_kv_dtype).removeprefix("torch."))
-    return EngineCore(scheduler, runner, info)
+    if not runner.config.is_cuda:
+        from conveyor.engine.model.cpu_paths import describe_cpu_paths
+
+        log.info("engine %s kernels: %s", info.engine_id,
+                 describe_cpu_paths(runner.model, runner.backend, runner.config.torch_dtype))
+    return EngineCore(scheduler, runner, info, grammars, settings.grammar_compile_timeout_s)
+
+
+def _grammar_compiler(settings: EngineSettings, info: EngineInfo) -> GrammarCompiler:
+    """Structured outputs over the model's own tokenizer (mask bits: its vocabulary)."""
+    tokenizer = load_tokenizer(resolve_model(settings.model))
+    return GrammarCompiler(grammar_tokenizer(tokenizer, info.vocab_size, info.eos_token_ids),
+                           settings.grammar_compile_threads, settings.grammar_cache_size)
 
 
 _RUNNER_NAMES = {"kv_cache_space_gib": "kv_cache_gib"}

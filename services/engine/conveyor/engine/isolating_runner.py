@@ -55,7 +55,9 @@ class IsolatingRunner:
                 finished_request_ids=scheduler_output.finished_request_ids if first else [],
             )
             try:
-                result.output.sampled.update(self.runner.execute(single).sampled)
+                output = self.runner.execute(single)
+                result.output.sampled.update(output.sampled)
+                result.output.prompt_logprobs.update(output.prompt_logprobs)
             except Exception as exc:
                 log.exception("model failed request %s", scheduled.request_id)
                 result.failures[scheduled.request_id] = exc

@@ -1,9 +1,10 @@
 """The offline (in-process) API, as vLLM's `LLM`: batch generation without a server.
 
-    from conveyor.engine import LLM, SamplingParams
+    from conveyor.engine import LLM, SamplingParams, StructuredOutputsParams
     llm = LLM(model="smollm2-135m-instruct")
     outputs = llm.generate(["The capital of France is"], SamplingParams(temperature=0))
     print(outputs[0].outputs[0].text)
+    answer = SamplingParams(structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
 
 All requests of one call run together under continuous batching on the caller's
 thread; the call returns when every request finished.
@@ -27,6 +28,7 @@ from conveyor.engine.request_output import RequestOutput
 from conveyor.engine.request_validation import validate_request
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.settings import EngineSettings
+from conveyor.engine.structured.errors import InvalidConstraint
 
 PROGRESS_BAR_MIN_REQUESTS = 8
 """With use_tqdm=None, batches at least this long show a progress bar."""
@@ -66,7 +68,9 @@ class LLM:
         preemption victims, as in the server.
 
         Raises ValueError (before running anything) when a prompt is empty, too long
-        for max_model_len with its max_tokens, or has token ids outside the vocabulary.
+        for max_model_len with its max_tokens, or has token ids outside the vocabulary;
+        InvalidConstraint (a ValueError) when a structured_outputs constraint does not
+        compile, with the grammar library's message.
         """
         items = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(items))
@@ -129,6 +133,8 @@ class LLM:
         completion.token_ids.extend(delta.new_token_ids)
         _append_logprobs(completion, delta)
         output.num_cached_tokens = max(output.num_cached_tokens, delta.num_cached_tokens)
+        if delta.invalid_request:
+            raise InvalidConstraint(f"request {output.request_id}: {delta.error}")
         if delta.error is not None:
             raise RuntimeError(f"request {output.request_id} failed: {delta.error}")
         if delta.finished:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from conveyor.common.sampling_fields import SamplingKnobs, knob_problem
+
+if TYPE_CHECKING:
+    from conveyor.engine.structured.structured_outputs_params import StructuredOutputsParams
 
 MAX_TOP_LOGPROBS = 20
 
@@ -21,7 +25,9 @@ class SamplingParams(SamplingKnobs):
     their ranges are inherited from the shared table (conveyor.common.sampling_fields);
     the fields here are the ones every request carries. temperature 0 means greedy;
     top_k <= 0 means no top-k cut. n > 1 runs n samples of the same prompt, which
-    share its cached blocks (EngineCore).
+    share its cached blocks (EngineCore). `structured_outputs` constrains the output
+    (each sample keeps its own place in the grammar); the sampler masks what the
+    constraint does not allow before anything else, logprobs included.
     """
 
     n: int = 1
@@ -32,6 +38,9 @@ class SamplingParams(SamplingKnobs):
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    prompt_logprobs: int | None = None
+    """Logprobs of the prompt's tokens with this many alternatives each (None: none)."""
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -59,6 +68,9 @@ class SamplingParams(SamplingKnobs):
                f"must be in [0, max_tokens], got {self.min_tokens}")
         _check(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs",
                f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS,
+               "prompt_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got "
+               f"{self.prompt_logprobs}")
         for token_id, bias in self.logit_bias.items():
             _check(-100.0 <= bias <= 100.0, "logit_bias",
                    f"bias for token {token_id} must be in [-100, 100], got {bias}")

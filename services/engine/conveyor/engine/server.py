@@ -15,6 +15,7 @@ from conveyor.common.log import setup_logging
 from conveyor.common.tracing import setup_tracing
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.engine.engine_factory import build_engine_core
+from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.metrics import EngineMetrics
 from conveyor.engine.registration import Registration, build_registration
 from conveyor.engine.servicer import SERVICE_NAME, EngineServicer
@@ -30,8 +31,8 @@ def registration(engine: AsyncEngine) -> ServiceRegistration:
                                EngineServicer(engine))
 
 
-def start_metrics(settings: EngineSettings, model: str, engine_id: str) -> EngineMetrics:
-    metrics = EngineMetrics(model, engine_id)
+def start_metrics(settings: EngineSettings, info: EngineInfo) -> EngineMetrics:
+    metrics = EngineMetrics.for_engine(info)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.host)
         log.info("Prometheus metrics on http://%s:%d/metrics", settings.host,
@@ -48,7 +49,7 @@ async def serve(settings: EngineSettings) -> None:
     # thread (async_engine.py says why); this thread only waits for it.
     engine = await asyncio.to_thread(
         AsyncEngine(functools.partial(build_engine_core, settings)).start)
-    engine.metrics = start_metrics(settings, engine.info.model, engine.info.engine_id)
+    engine.metrics = start_metrics(settings, engine.info)
 
     async def stop_engine() -> None:
         await asyncio.to_thread(engine.shutdown)

@@ -1,10 +1,12 @@
 """The Engine gRPC service: the one place that converts between proto and engine types.
 
 Generate: INVALID_ARGUMENT (with conveyor-error-reason metadata) for a bad
-request, INTERNAL when the model failed it, ALREADY_EXISTS for a request id in
-flight, RESOURCE_EXHAUSTED (reason queue_full) when the waiting queue is full,
-UNAVAILABLE while shutting down. A cancelled stream aborts the request. A request
-with n > 1 streams its samples' chunks interleaved, each naming its sample (index).
+request (a structured-output constraint that does not compile included, found once
+it has been compiled, before any token), INTERNAL when the model failed it,
+ALREADY_EXISTS for a request id in flight, RESOURCE_EXHAUSTED (reason queue_full)
+when the waiting queue is full, UNAVAILABLE while shutting down. A cancelled stream
+aborts the request. A request with n > 1 streams its samples' chunks interleaved,
+each naming its sample (index).
 Each finished sample leaves queue / prefill / decode spans under the call's span
 (request_tracing).
 """
@@ -26,6 +28,7 @@ from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.request_tracing import RequestSpans
 from conveyor.engine.request_validation import InvalidRequestError, validate_request
 from conveyor.engine.sampling_params import InvalidSamplingParams, SamplingParams
+from conveyor.engine.structured.structured_outputs_params import StructuredOutputsParams
 from conveyor.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger("conveyor.engine.servicer")
@@ -57,6 +60,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             async for delta in self.engine.generate(engine_request):
                 spans.observe(delta)
                 yield to_response(delta)
+        except InvalidRequestError as exc:  # a constraint that does not compile
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
+                                trailing_metadata=((ERROR_REASON_KEY, exc.reason),))
         except RequestFailedError as exc:
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))
         except DuplicateRequestId as exc:
@@ -90,14 +96,13 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     def to_engine_request(self, request: engine_pb2.GenerateRequest) -> EngineRequest:
         """Convert and validate; raises InvalidRequestError or InvalidSamplingParams."""
-        if request.HasField("structured_output"):
-            raise InvalidRequestError("structured outputs are not supported by this engine yet")
         prompt = list(request.prompt_token_ids)
         engine_request = EngineRequest(
             request_id=request.request_id or f"engine-{uuid.uuid4().hex}",
             prompt_token_ids=prompt,
-            sampling_params=to_sampling_params(request.sampling, self._room_after(prompt),
-                                               num_samples=request.n or 1),
+            sampling_params=to_sampling_params(
+                request.sampling, self._room_after(prompt), num_samples=request.n or 1,
+                structured_outputs=to_structured_outputs(request)),
             priority=request.priority,
             cache_salt=request.cache_salt or None,
             output_token_ids=list(request.resume_output_token_ids),
@@ -111,7 +116,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
 
 def to_sampling_params(proto: engine_pb2.SamplingParams, default_max_tokens: int,
-                       num_samples: int = 1) -> SamplingParams:
+                       num_samples: int = 1,
+                       structured_outputs: StructuredOutputsParams | None = None
+                       ) -> SamplingParams:
     """Unset optional fields (the knobs of the shared table) keep SamplingParams'
     defaults; max_tokens 0 means the rest of the context."""
     values = {knob.name: getattr(proto, knob.name) for knob in KNOBS
@@ -121,6 +128,7 @@ def to_sampling_params(proto: engine_pb2.SamplingParams, default_max_tokens: int
     return SamplingParams(
         **values,
         n=num_samples,
+        structured_outputs=structured_outputs,
         logit_bias=dict(proto.logit_bias),
         max_tokens=proto.max_tokens or default_max_tokens,
         min_tokens=proto.min_tokens,
@@ -128,7 +136,25 @@ def to_sampling_params(proto: engine_pb2.SamplingParams, default_max_tokens: int
         ignore_eos=proto.ignore_eos,
         logprobs=proto.logprobs or proto.top_logprobs > 0,
         top_logprobs=proto.top_logprobs,
+        prompt_logprobs=(proto.prompt_logprobs if proto.HasField("prompt_logprobs")
+                         else None),
     )
+
+
+def to_structured_outputs(request: engine_pb2.GenerateRequest) -> StructuredOutputsParams | None:
+    """GenerateRequest.structured_output as the engine's constraint (None when unset);
+    InvalidSamplingParams for an empty choice or json_object false."""
+    if not request.HasField("structured_output"):
+        return None
+    proto = request.structured_output
+    kind = proto.WhichOneof("kind")
+    if kind is None:
+        raise InvalidSamplingParams("structured_output has no kind set")
+    if kind == "json_schema":
+        return StructuredOutputsParams(json=proto.json_schema)
+    if kind == "choice":
+        return StructuredOutputsParams(choice=list(proto.choice.options))
+    return StructuredOutputsParams(**{kind: getattr(proto, kind)})
 
 
 def to_response(delta: RequestDelta) -> engine_pb2.GenerateResponse:
@@ -143,6 +169,10 @@ def to_response(delta: RequestDelta) -> engine_pb2.GenerateResponse:
     for sampled in delta.new_logprobs or ():
         position = response.logprobs.add(logprob=sampled.logprob or 0.0)
         for token_id, logprob in sampled.top_logprobs or ():
+            position.top.add(token_id=token_id, logprob=logprob)
+    for entry in delta.prompt_logprobs or ():
+        position = response.prompt_logprobs.add(logprob=entry.logprob, rank=entry.rank)
+        for token_id, logprob in entry.top:
             position.top.add(token_id=token_id, logprob=logprob)
     if delta.stop_token_id is not None:
         response.stop_token_id = delta.stop_token_id

@@ -57,8 +57,9 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         0.9, gt=0, le=1, description="On GPU: fraction of device memory the engine may use."
     )
     dtype: str = Field(
-        "auto", description="Model dtype: auto (float32 on CPU, bfloat16 on GPU), "
-        "float32, bfloat16, float16."
+        "auto", description="Model dtype: auto (on GPU bfloat16; on CPU bfloat16 where it has "
+        "AVX512-BF16 or AMX and weight_format is fp32, else float32), float32, bfloat16, "
+        "float16."
     )
     weight_format: str = Field(
         "fp32", description="Weights decode steps read (CPU, float32 only): fp32; fp16 "
@@ -74,9 +75,9 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         "rounded to fp16, so greedy output may differ from fp32's; see docs/performance.md).",
     )
     attention_backend: str = Field(
-        "auto", description="Attention backend: auto (on GPU triton; on CPU in float32 native "
-        "when its C++ kernel builds or is cached, else torch), torch, triton, native (CPU, "
-        "float32: decode attention read in place from the KV pool by a C++ AVX2 kernel)."
+        "auto", description="Attention backend: auto (on GPU triton; on CPU native when its "
+        "C++ kernels build or are cached, else torch), torch, triton, native (CPU, float32 or "
+        "bfloat16: decode and prefill attention read in place from the KV pool by C++ kernels)."
     )
     device: str = Field("auto", description="Device: auto (cuda when available), cpu, cuda.")
     enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prefixes.")
@@ -101,6 +102,19 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         "not busy at start-up (CPU count minus the 1-minute load average, at least 1): "
         "threads spinning against other processes made steps 2-7x slower.",
     )
+    grammar_compile_timeout_s: float = Field(
+        10.0, gt=0, description="Longest a structured-output constraint may take to compile; "
+        "past it the request fails with INVALID_ARGUMENT (the compile itself runs on).",
+    )
+    grammar_compile_threads: int = Field(
+        2, ge=1, description="Threads compiling structured-output constraints, off the step "
+        "loop (llguidance drops the GIL while it compiles).",
+    )
+    grammar_cache_size: int = Field(
+        256, ge=1, description="Compiled structured-output grammars kept, by (kind, text), "
+        "least recently used out first.",
+    )
+
     @field_validator("torch_threads")
     @classmethod
     def _idle_cores_when_unset(cls, value: int | None) -> int:
@@ -129,7 +143,11 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         _check_choice("dtype", self.dtype, DTYPES)
         if self.dtype != "auto":
             return self.dtype
-        return "float32" if self.resolved_device() == "cpu" else "bfloat16"
+        if self.resolved_device() != "cpu":
+            return "bfloat16"
+        from conveyor.engine.native.cpu_features import auto_cpu_dtype
+
+        return auto_cpu_dtype(self.weight_format)
 
     def resolved_weight_format(self) -> str:
         from conveyor.engine.model.quantized_linear import WEIGHT_FORMATS
@@ -149,7 +167,7 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
             return self.attention_backend
         if self.resolved_device() != "cpu":
             return "triton"
-        if self.resolved_dtype() != "float32":
+        if self.resolved_dtype() not in ("float32", "bfloat16"):
             return "torch"
         from conveyor.engine.attention.native_kernel import native_unavailable_reason
 

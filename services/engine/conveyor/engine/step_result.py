@@ -12,5 +12,8 @@ from conveyor.engine.request_delta import RequestDelta
 class StepResult:
     deltas: list[RequestDelta] = field(default_factory=list)
     iteration: IterationStats = field(default_factory=IterationStats)
-    num_scheduled_tokens: int = 0
-    """0 when the scheduler found nothing it could run this step."""
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """0 when the scheduler found nothing it could run this step."""
+        return self.iteration.num_scheduled_tokens

@@ -55,8 +55,8 @@ async def test_info(stub):
     assert info.max_model_len == MAX_MODEL_LEN and info.block_size == 16
     assert info.kv_capacity_tokens == info.num_blocks * 16 >= MAX_MODEL_LEN
     from conveyor.engine.attention.native_kernel import native_unavailable_reason
-
-    # auto on the CPU in float32: the native kernel where it builds (or is cached), else torch
+    # auto on the CPU: the native kernels where they build (or are cached), else torch; the
+    # fixture pins float32 (dtype auto: test_cpu_paths.py)
     expected = "torch" if native_unavailable_reason() else "native"
     assert (info.attention_backend, info.dtype) == (expected, "float32")
 
@@ -116,4 +116,4 @@ async def test_stats_and_prometheus_metrics(stub, engine_process):
                  "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
                  "time_to_first_token_seconds", "inter_token_latency_seconds",
                  "e2e_request_latency_seconds", "request_queue_time_seconds"):
-        assert f"conveyor:{name}" in text
+        assert f"vllm:{name}" in text

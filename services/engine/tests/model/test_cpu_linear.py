@@ -23,7 +23,7 @@ from conveyor.engine.model.cpu_linear import (
 
 needs_onednn = pytest.mark.skipif(not onednn_packing_available(torch.float32),
                                   reason="this torch build has no oneDNN prepacked linear")
-needs_gemv = pytest.mark.skipif(gemv_ops() is None, reason="the fp32 GEMV does not build here")
+needs_gemv = pytest.mark.skipif(gemv_ops() is None, reason="the GEMV does not build here")
 
 
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 7, 64])
@@ -38,20 +38,33 @@ def test_matches_linear(monkeypatch, rows: int, bias: bool, isa: str) -> None:
     torch.testing.assert_close(cpu(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
+GEMV_CASES = [(torch.float32, "auto"), (torch.float32, "avx2"), (torch.bfloat16, "auto"),
+              (torch.bfloat16, "avx512"), (torch.bfloat16, "avx2")]
+"""(weight dtype, GEMV code path) pairs the routing test runs; a path the CPU lacks skips."""
+
+
 @needs_gemv
-@needs_onednn
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("isa", ["auto", "avx2"])
+@pytest.mark.parametrize(("dtype", "isa"), GEMV_CASES, ids=[f"{d}-{i}" for d, i in GEMV_CASES])
 def test_few_rows_take_the_gemv_on_the_row_major_weight_more_rows_onednn(
-        monkeypatch, threads: int, isa: str) -> None:
-    monkeypatch.setattr(cpu_linear, "GEMV_ISA", cpu_linear.GEMV_ISAS[isa])
-    linear = nn.Linear(32, 16)
+        monkeypatch, threads: int, dtype: torch.dtype, isa: str) -> None:
+    if not onednn_packing_available(dtype):
+        pytest.skip(f"no oneDNN prepacked {dtype} linear here")
+    ops = gemv_ops(dtype)
+    code = cpu_linear.GEMV_ISAS[isa]
+    try:
+        path = cpu_linear.gemv_path(ops, dtype, code)
+    except RuntimeError:
+        pytest.skip(f"this CPU lacks the {isa} path")
+    monkeypatch.setattr(cpu_linear, "GEMV_ISA" if dtype == torch.float32 else "BF16_GEMV_ISA",
+                        code)
+    linear = nn.Linear(32, 16).to(dtype)
     cpu = CpuLinear.from_linear(linear, pack=True)
     assert cpu.streams and cpu.packed and cpu.weight.is_contiguous()
     assert cpu.weight.data_ptr() == linear.weight.data_ptr()  # no copy of its own
     gemv_calls, packed_calls = [], []
-    ops = gemv_ops()
-    real_gemv, real_packed = ops.fp32_linear, torch.ops.mkldnn._linear_pointwise
+    entry = cpu_linear.GEMV_ENTRIES[dtype]
+    real_gemv, real_packed = getattr(ops, entry), torch.ops.mkldnn._linear_pointwise
 
     def gemv_spy(x, weight, bias, code):
         gemv_calls.append((x.shape[0], code))
@@ -61,15 +74,15 @@ def test_few_rows_take_the_gemv_on_the_row_major_weight_more_rows_onednn(
         packed_calls.append(args[0].shape[0])
         return real_packed(*args)
 
-    monkeypatch.setattr(ops, "fp32_linear", gemv_spy)
+    monkeypatch.setattr(ops, entry, gemv_spy)
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", packed_spy)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    most = GEMV_MAX_ROWS[ops.isa_name(cpu_linear.GEMV_ISAS[isa])]
-    assert cpu.gemv_max_rows == most
+    most = GEMV_MAX_ROWS[dtype][path]
+    assert (cpu.gemv_path, cpu.gemv_max_rows) == (path, most)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     for rows in range(1, most + 2):
-        x = torch.randn(rows, 32)
-        torch.testing.assert_close(cpu(x), linear(x), rtol=1e-5, atol=1e-5)
-    code = cpu_linear.GEMV_ISAS[isa]
+        x = torch.randn(rows, 32, dtype=dtype)
+        torch.testing.assert_close(cpu(x), linear(x), rtol=tolerance, atol=tolerance)
     assert gemv_calls == [(rows, code) for rows in range(1, most + 1)]
     assert packed_calls == [most + 1]
 
@@ -118,7 +131,7 @@ def fresh_gemv_ops():
 def test_no_gemv_build_falls_back_to_the_column_major_split_logged_once(
         monkeypatch, caplog, fresh_gemv_ops) -> None:
     def no_compiler(*args, **kwargs):
-        raise native.NativeBuildError("native extension conveyor_fp32_gemv did not build: "
+        raise native.NativeBuildError("native extension conveyor_gemv did not build: "
                                       "no c++ compiler")
 
     monkeypatch.setattr(native, "load_extension", no_compiler)
@@ -133,10 +146,11 @@ def test_no_gemv_build_falls_back_to_the_column_major_split_logged_once(
     torch.testing.assert_close(linears[0](x), F.linear(x, linears[0].weight, linears[0].bias))
 
 
-def test_the_gemv_can_be_switched_off(monkeypatch, fresh_gemv_ops) -> None:
-    monkeypatch.setenv("CONVEYOR_FP32_GEMV", "off")
-    assert gemv_ops() is None
-    assert not CpuLinear.from_linear(nn.Linear(8, 4), pack=False).streams
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gemv_can_be_switched_off_per_dtype(monkeypatch, fresh_gemv_ops, dtype) -> None:
+    monkeypatch.setenv(cpu_linear.GEMV_SWITCHES[dtype], "off")
+    assert gemv_ops(dtype) is None
+    assert not CpuLinear.from_linear(nn.Linear(8, 4).to(dtype), pack=False).streams
 
 
 def test_use_cpu_linears_keeps_names_and_values() -> None:
@@ -150,10 +164,20 @@ def test_use_cpu_linears_keeps_names_and_values() -> None:
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
 
 
-def test_bfloat16_is_not_packed() -> None:
-    assert not onednn_packing_available(torch.bfloat16)
-    model = nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16))
+@pytest.mark.skipif(not onednn_packing_available(torch.bfloat16),
+                    reason="this torch build or CPU has no oneDNN bf16 linear")
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_bfloat16_is_packed_and_matches_linear(rows: int) -> None:
+    torch.manual_seed(rows)
+    linear = nn.Linear(64, 24).to(torch.bfloat16)
+    model = nn.Sequential(linear)
     use_cpu_linears(model, torch.bfloat16)
-    assert isinstance(model[0], CpuLinear) and not model[0].packed
-    x = torch.randn(3, 8, dtype=torch.bfloat16)
-    assert model(x).dtype == torch.bfloat16
+    assert isinstance(model[0], CpuLinear) and model[0].packed
+    x = torch.randn(rows, 64, dtype=torch.bfloat16)
+    out = model(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, linear(x), rtol=1e-2, atol=1e-2)
+
+
+def test_float16_is_not_packed() -> None:
+    assert not onednn_packing_available(torch.float16)

@@ -22,7 +22,7 @@ def test_a_set_switch_reads_its_value_and_refuses_others(monkeypatch):
     assert switch("CONVEYOR_PREFILL_ATTENTION") == "torch"
     monkeypatch.setenv("CONVEYOR_PREFILL_ATTENTION", "sdpa")
     with pytest.raises(ValueError, match="CONVEYOR_PREFILL_ATTENTION='sdpa' is not one of "
-                                         "native, native-avx2, native-avx512, torch"):
+                                         "auto, native, native-avx2, native-avx512, torch"):
         switch("CONVEYOR_PREFILL_ATTENTION")
 
 

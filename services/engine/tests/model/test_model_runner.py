@@ -135,3 +135,38 @@ def test_converted_gguf_folder_is_plain_hf(smollm2_folder):
         names = set(f.keys())
     assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
     assert (smollm2_folder / "tokenizer_config.json").is_file()
+
+
+def test_prompt_logprobs_match_the_logits_of_each_prefix(make_runner, make_driver):
+    """Over a prefill in chunks of 3, each prompt token's logprob, rank and top-2 equal
+    those read off the last-position logits of the prompt cut just before it."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2)
+    driver = make_driver(make_runner(), token_budget=3)
+    driver.runner = recording = _Recording(driver.runner)
+    driver.add("p", PROMPT, 1, params)
+    driver.run()
+    found = [entry for output in recording.outputs
+             for entry in output.prompt_logprobs.get("p", [])]
+    assert len(found) == len(PROMPT) - 1 and len(recording.outputs) == 3
+    reference_runner = make_runner()
+    for position, entry in enumerate(found, start=1):
+        reference = make_driver(reference_runner, token_budget=64)
+        reference.add("r", PROMPT[:position], 1)
+        logprobs = reference_runner.compute_logits(reference.schedule())[0].log_softmax(-1)
+        target = logprobs[PROMPT[position]]
+        assert entry.logprob == pytest.approx(target.item(), abs=1e-4)
+        assert entry.rank == int((logprobs > target).sum()) + 1
+        values, ids = logprobs.topk(2)
+        assert [i for i, _ in entry.top] == ids.tolist()
+        assert [v for _, v in entry.top] == pytest.approx(values.tolist(), abs=1e-4)
+
+
+class _Recording:
+    """A runner that keeps every step's output."""
+
+    def __init__(self, runner):
+        self.runner, self.outputs = runner, []
+
+    def execute(self, step):
+        self.outputs.append(self.runner.execute(step))
+        return self.outputs[-1]

@@ -20,6 +20,7 @@ import torch
 
 from conveyor.engine.attention import create_backend
 from conveyor.engine.attention.native_backend import NativeAttentionBackend
+from conveyor.engine.attention.torch_backend import store_kv
 from conveyor.engine.native import NativeBuildError, load_extension
 
 TOLERANCE = 1e-4
@@ -55,14 +56,30 @@ def attend(step, path: str | None = None) -> torch.Tensor:
 
 
 def assert_matches_torch(step, path: str) -> None:
-    diff = (attend(step, path) - attend(step)).abs().max().item()
-    assert diff <= TOLERANCE, diff
+    """fp32 rows: within TOLERANCE of the torch backend. bf16 rows (a bf16 model): the new keys
+    and values stored as torch stores them, bit for bit, and the output within bf16 rounding
+    (half an ulp: 2^-8 relative) of the torch backend computing in fp32 over the same pool."""
+    if step.query.dtype != torch.bfloat16:
+        diff = (attend(step, path) - attend(step)).abs().max().item()
+        assert diff <= TOLERANCE, diff
+        return
+    native, reference = native_backend(step.spec, path), create_backend("torch", step.spec)
+    pool, expected_pool = step.kv_cache.clone(), step.kv_cache.clone()
+    out = native.forward(step.query, step.key, step.value, pool, native.plan(step.meta))
+    store_kv(step.key, step.value, expected_pool, step.meta.slot_mapping)
+    assert torch.equal(pool.view(torch.int16), expected_pool.view(torch.int16))
+    expected = reference.attend(step.query.float(), pool.float(), reference.plan(step.meta))
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, rtol=2 ** -8, atol=TOLERANCE)
 
 
-POOL_DTYPES = (torch.float32, torch.float16)
-"""The pools the kernels read: fp32, and fp16 (kv_cache_dtype float16). Over an fp16 pool
-torch reads the same rounded keys and values (widened after its gather), so the bound
-against it stays TOLERANCE."""
+POOL_DTYPES = ((torch.float32, torch.float32), (torch.float32, torch.float16),
+               (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float16))
+"""(model dtype, pool dtype) pairs the kernels read: fp32 rows over an fp32 pool, or an fp16
+one (kv_cache_dtype float16); bf16 rows (a bf16 model) over a bf16 pool or an fp16 one. Over
+an fp16 pool torch reads the same rounded keys and values (widened after its gather), so the
+bound against it stays TOLERANCE."""
+POOL_IDS = ("fp32", "fp32-kv16", "bf16", "bf16-kv16")
 
 
 STEPS = {
@@ -131,19 +148,49 @@ def test_fp16_store_rounds_as_torch_does(make_random_step):
 
     store_kv(key, value, expected, step.meta.slot_mapping)
     assert torch.equal(pool.view(torch.int16), expected.view(torch.int16))  # bit for bit
-    with pytest.raises(RuntimeError, match="float32 or float16"):
+    with pytest.raises(RuntimeError, match="does not pair with"):
         native._kernel.store_kv(pool.to(torch.bfloat16), key, value, step.meta.slot_mapping)
 
 
 @needs_kernel
-@pytest.mark.parametrize("kv_dtype", POOL_DTYPES)
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "kv16"])
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize(("block_size", "group", "head_dim"),
+                         [(16, 3, 64), (4, 1, 32), (8, 4, 128), (5, 2, 64)])
+@pytest.mark.parametrize("seqs", STEPS.values(), ids=STEPS.keys())
+def test_bf16_rows_within_rounding_of_torch_in_fp32(make_random_step, seqs, block_size, group,
+                                                    head_dim, window, kv_dtype, path):
+    """A bf16 model's queries, keys and values over a bf16 pool (kv_cache_dtype auto) or an
+    fp16 one: read in place and computed in fp32, the outputs rounded once to bf16."""
+    step = make_random_step(block_size=block_size, num_kv_heads=3, group=group,
+                            head_dim=head_dim, seqs=seqs, sliding_window=window, seed=7,
+                            dtype=torch.bfloat16, kv_dtype=kv_dtype)
+    assert_matches_torch(step, path)
+
+
+@needs_kernel
+def test_rows_and_pools_that_do_not_pair_are_refused(make_random_step):
+    """fp32 rows over a bf16 pool, bf16 rows over an fp32 one: no kernel reads them (the
+    engine never makes them: the pool takes the model dtype or fp16)."""
+    step = make_random_step(block_size=4, num_kv_heads=1, group=2, head_dim=32, seqs=[(5, 1)])
+    kernel = NativeAttentionBackend(step.spec)._kernel
+    for rows, pool in ((torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)):
+        with pytest.raises(RuntimeError, match="does not pair with"):
+            kernel.store_kv(step.kv_cache.to(pool), step.key.to(rows), step.value.to(rows),
+                            step.meta.slot_mapping)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtypes", POOL_DTYPES, ids=POOL_IDS)
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_shared_prefix_blocks_and_thread_splits(make_random_step, threads, path, kv_dtype):
+def test_shared_prefix_blocks_and_thread_splits(make_random_step, threads, path, dtypes):
     """Requests whose tables share their first blocks (a cached prefix), split over
     threads at item boundaries that fall inside a request's kv heads."""
     step = make_random_step(block_size=16, num_kv_heads=3, group=3, head_dim=64,
-                            seqs=[(70, 1)] * 5 + [(20, 1)], seed=3, kv_dtype=kv_dtype)
+                            seqs=[(70, 1)] * 5 + [(20, 1)], seed=3, dtype=dtypes[0],
+                            kv_dtype=dtypes[1])
     step.meta.block_tables[1:5, :3] = step.meta.block_tables[0, :3]
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -155,17 +202,18 @@ def test_shared_prefix_blocks_and_thread_splits(make_random_step, threads, path,
 
 @needs_kernel
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kv_dtype", POOL_DTYPES)
+@pytest.mark.parametrize("dtypes", POOL_DTYPES, ids=POOL_IDS)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("window", [None, 21])
-def test_prefill_kernel_tiles_and_thread_shares(make_random_step, threads, window, kv_dtype,
+def test_prefill_kernel_tiles_and_thread_shares(make_random_step, threads, window, dtypes,
                                                 path):
     """Prefill chunks of many 16-position tiles over cached context, in requests sharing a
     prefix's blocks, spread over 1-3 threads by cost: the prefill kernel matches torch, and
     the decode token between them is the decode kernel's."""
     step = make_random_step(block_size=16, num_kv_heads=3, group=3, head_dim=64,
                             seqs=[(0, 130), (64, 71), (64, 16), (90, 1), (7, 33)],
-                            sliding_window=window, seed=11, kv_dtype=kv_dtype)
+                            sliding_window=window, seed=11, dtype=dtypes[0],
+                            kv_dtype=dtypes[1])
     step.meta.block_tables[2, :4] = step.meta.block_tables[1, :4]
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -185,7 +233,7 @@ def test_prefill_path_switch(make_random_step, monkeypatch):
     step = make_random_step(block_size=8, num_kv_heads=3, group=3, head_dim=64,
                             seqs=[(20, 40), (5, 1)], seed=4)
     native = NativeAttentionBackend(step.spec)
-    assert native.prefill_path == "native"
+    assert native.prefill_path == "native"  # auto, for an fp32 model
     assert isinstance(native.plan(step.meta).prefill, PrefillRows)
     if not native._kernel.has_avx512():
         with pytest.raises(ValueError, match="native-avx512 needs AVX-512"):
@@ -199,6 +247,37 @@ def test_prefill_path_switch(make_random_step, monkeypatch):
     assert (outs[0] - outs[1]).abs().max().item() <= TOLERANCE
     with pytest.raises(ValueError, match="prefill_path 'sdpa' is not one of"):
         NativeAttentionBackend(step.spec, prefill_path="sdpa")
+
+
+@needs_kernel
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_sends_a_bf16_models_prefill_to_torch_sdpa_where_the_cpu_has_amx(
+        make_random_step, monkeypatch, amx):
+    """torch's bf16 SDPA runs on AMX tiles (oneDNN brgemm); without AMX, and for an fp32 model,
+    the prefill kernel runs. Decode tokens take the decode kernel either way."""
+    from conveyor.engine.attention.native_backend import PrefillRows
+    from conveyor.engine.attention.torch_plan import TorchAttentionPlan
+    from conveyor.engine.native import cpu_features as features_module
+
+    found = features_module.cpu_features()
+    monkeypatch.setattr(features_module, "cpu_features",
+                        lambda: features_module.CpuFeatures(
+                            found.avx2, found.avx512, found.avx512_vnni, found.avx512_bf16, amx))
+    for dtype in (torch.bfloat16, torch.float32):
+        step = make_random_step(block_size=8, num_kv_heads=3, group=3, head_dim=64,
+                                seqs=[(20, 40), (5, 1)], seed=4, dtype=dtype)
+        backend = NativeAttentionBackend(step.spec)
+        sdpa = amx and dtype == torch.bfloat16
+        assert backend.prefill_path == ("torch" if sdpa else "native")
+        plan = backend.plan(step.meta)
+        assert isinstance(plan.prefill, TorchAttentionPlan if sdpa else PrefillRows)
+        if sdpa:  # the chunk is torch's own bf16 attention, the decode row the kernel's
+            out = backend.forward(step.query, step.key, step.value, step.kv_cache.clone(),
+                                  plan)
+            reference = create_backend("torch", step.spec)
+            expected = reference.forward(step.query, step.key, step.value,
+                                         step.kv_cache.clone(), reference.plan(step.meta))
+            assert torch.equal(out[:40], expected[:40])
 
 
 @needs_kernel
@@ -225,7 +304,7 @@ def test_prefill_kernel_refuses_bad_rows(make_random_step):
         call(starts=(0, 6))
     with pytest.raises(RuntimeError, match="seq_lens, query_starts and query_lens must be"):
         call(lens=lens.int())
-    with pytest.raises(RuntimeError, match="query must be a float32 .* with contiguous heads"):
+    with pytest.raises(RuntimeError, match="query must be a .* with contiguous heads"):
         call(query=step.query.transpose(0, 1).contiguous().transpose(0, 1))
     with pytest.raises(RuntimeError, match="isa must be 0 .auto., 1 .AVX2. or 2 .AVX-512., got 3"):
         call(isa=3)
@@ -233,12 +312,12 @@ def test_prefill_kernel_refuses_bad_rows(make_random_step):
 
 @needs_kernel
 @pytest.mark.parametrize("path", ["avx512-cascade", "avx512"])
-@pytest.mark.parametrize("kv_dtype", POOL_DTYPES)
+@pytest.mark.parametrize("dtypes", POOL_DTYPES, ids=POOL_IDS)
 @pytest.mark.parametrize("num_sharing", [3, 6, 11, 17])
 @pytest.mark.parametrize(("block_size", "group", "head_dim", "window"),
                          [(16, 3, 64, None), (4, 1, 32, None), (8, 4, 128, 30), (5, 2, 64, 23)])
 def test_cascade_groups_requests_sharing_blocks(make_random_step, block_size, group, head_dim,
-                                                window, num_sharing, kv_dtype, path):
+                                                window, num_sharing, dtypes, path):
     """Requests on two cached prefixes, interleaved, the first prefix's group of query rows
     from `num_sharing` requests (row counts that fill 16-row vectors, a last 8, or neither),
     one prefix ending inside a block they share, then each request's own blocks: the cascade
@@ -247,7 +326,8 @@ def test_cascade_groups_requests_sharing_blocks(make_random_step, block_size, gr
     lengths = [41 + 7 * (i % 5) for i in range(2 * num_sharing)]
     step = make_random_step(block_size=block_size, num_kv_heads=3, group=group,
                             head_dim=head_dim, seqs=[(n, 1) for n in lengths],
-                            sliding_window=window, seed=5, kv_dtype=kv_dtype)
+                            sliding_window=window, seed=5, dtype=dtypes[0],
+                            kv_dtype=dtypes[1])
     tables = step.meta.block_tables
     prefix = 40 // block_size + 1  # the blocks holding tokens 0..40; the last one partly
     tables[2::2, :prefix] = tables[0, :prefix]  # requests 0, 2, 4, ...: the first prefix
@@ -305,9 +385,9 @@ def test_backend_refuses_what_the_kernel_does_not_cover(make_random_step):
     with pytest.raises(ValueError, match="head_dim .* set attention_backend torch"):
         create_backend("native", step.spec)
     step = make_random_step(block_size=4, num_kv_heads=1, group=2, head_dim=32,
-                            seqs=[(5, 1)], dtype=torch.bfloat16)
+                            seqs=[(5, 1)], dtype=torch.bfloat16, kv_dtype=torch.float32)
     backend = create_backend("native", step.spec)
-    with pytest.raises(ValueError, match="float32 or float16 KV pool"):
+    with pytest.raises(ValueError, match="not read torch.bfloat16 queries over a torch.float32"):
         backend.forward(step.query, step.key, step.value, step.kv_cache,
                         backend.plan(step.meta))
 
@@ -333,7 +413,7 @@ def test_auto_falls_back_to_torch_when_the_kernel_is_unavailable(monkeypatch):
     assert settings.resolved_attention_backend() == "torch"
     monkeypatch.setattr(native_kernel, "native_unavailable_reason", lambda: None)
     assert settings.resolved_attention_backend() == "native"
-    assert EngineSettings(device="cpu", dtype="bfloat16").resolved_attention_backend() == "torch"
+    assert EngineSettings(device="cpu", dtype="bfloat16").resolved_attention_backend() == "native"
     assert EngineSettings(device="cpu", attention_backend="torch").resolved_attention_backend() \
         == "torch"
 

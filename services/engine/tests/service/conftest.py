@@ -18,7 +18,12 @@ from conveyor.common.settings import ServiceSettings
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.engine.core.config import SchedulerConfig
 from conveyor.engine.core.scheduler import Scheduler
-from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SampledToken, SchedulerOutput
+from conveyor.engine.core.scheduler_output import (
+    ModelRunnerOutput,
+    PromptTokenLogprob,
+    SampledToken,
+    SchedulerOutput,
+)
 from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.metrics import EngineMetrics
@@ -27,6 +32,9 @@ from conveyor.v1 import engine_pb2_grpc
 
 VOCAB_SIZE = 100
 EOS = 99
+GRAMMAR_TOKENS = [f"{i:02d}".encode() for i in range(EOS)] + [b""]
+"""The fake vocabulary as grammars see it (make_tiny_compiler): token i is the two digits
+of i, EOS is last; the regex [0-9]* allows every output of FakeRunner."""
 
 
 class FakeRunner:
@@ -54,12 +62,15 @@ class FakeRunner:
         if self.fail_on is not None and any(
                 s.prompt_token_ids[0] == self.fail_on for s in output.scheduled):
             raise RuntimeError("injected model failure")
-        sampled = {}
+        sampled, prompt_logprobs = {}, {}
         for scheduled in output.scheduled:
             if scheduled.needs_sample:
                 sampled[scheduled.request_id] = SampledToken(
                     self._next(scheduled), logprob=-0.25, top_logprobs=[(1, -0.1), (2, -0.2)])
-        return ModelRunnerOutput(sampled)
+            entries = _prompt_logprobs(scheduled)
+            if entries:
+                prompt_logprobs[scheduled.request_id] = entries
+        return ModelRunnerOutput(sampled, prompt_logprobs)
 
     def _next(self, scheduled) -> int:
         if self.eos_after is not None and len(scheduled.output_token_ids) >= self.eos_after:
@@ -68,9 +79,22 @@ class FakeRunner:
         return (history[-1] + 1) % (VOCAB_SIZE - 1)
 
 
+def _prompt_logprobs(scheduled) -> list[PromptTokenLogprob]:
+    """For a request asking for prompt logprobs, one entry per prompt position p after the
+    first whose predecessor this step computed: logprob -token/100, rank p (so a test can
+    tell which positions came, and in what order)."""
+    prompt = scheduled.prompt_token_ids
+    if scheduled.sampling_params.prompt_logprobs is None or scheduled.output_token_ids:
+        return []
+    positions = range(scheduled.num_computed_tokens + 1, min(scheduled.seq_len + 1, len(prompt)))
+    return [PromptTokenLogprob(-prompt[p] / 100, p, [(prompt[p], -prompt[p] / 100)])
+            for p in positions]
+
+
 def make_core(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 128,
               max_num_batched_tokens: int = 64, max_num_seqs: int = 16,
-              enable_prefix_caching: bool = True, **waiting_bounds) -> EngineCore:
+              enable_prefix_caching: bool = True, grammars=None,
+              grammar_compile_timeout_s: float = 10.0, **waiting_bounds) -> EngineCore:
     config = SchedulerConfig(num_blocks=num_blocks, block_size=block_size,
                              max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                              max_num_batched_tokens=max_num_batched_tokens,
@@ -78,7 +102,8 @@ def make_core(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 12
     info = EngineInfo(model="fake", max_model_len=max_model_len, block_size=block_size,
                       num_blocks=num_blocks, vocab_size=VOCAB_SIZE, attention_backend="fake",
                       dtype="float32", engine_id="test-engine", eos_token_ids=(EOS,))
-    return EngineCore(Scheduler(config, eos_token_ids=[EOS]), FakeRunner(), info)
+    return EngineCore(Scheduler(config, eos_token_ids=[EOS]), FakeRunner(), info, grammars,
+                      grammar_compile_timeout_s)
 
 
 def run_to_completion(core: EngineCore, max_steps: int = 1000):
@@ -109,4 +134,5 @@ async def serve_engine(core: EngineCore, metrics: EngineMetrics | None = None):
 @pytest.fixture
 def support():
     return SimpleNamespace(make_core=make_core, run_to_completion=run_to_completion,
-                           serve_engine=serve_engine, VOCAB_SIZE=VOCAB_SIZE, EOS=EOS)
+                           serve_engine=serve_engine, VOCAB_SIZE=VOCAB_SIZE, EOS=EOS,
+                           GRAMMAR_TOKENS=GRAMMAR_TOKENS)

@@ -144,7 +144,9 @@ def test_iteration_stats_time_each_request(support):
     assert results[0].num_prompt_tokens == 3
     assert sum(len(r.inter_token_latency) for r in results) == 2
     assert sum(r.num_generation_tokens for r in results) == 3
-    assert len(results[-1].e2e_latency) == 1
+    [finished] = results[-1].finished
+    assert (finished.finish_reason, finished.num_generation_tokens) == ("length", 3)
+    assert finished.e2e_latency >= finished.inference_time > 0
 
 
 def test_a_failing_request_in_a_batch_fails_alone(support):
@@ -158,3 +160,38 @@ def test_a_failing_request_in_a_batch_fails_alone(support):
     assert _tokens_by_index(deltas, "good") == {0: [3, 4, 5]}
     stats = core.stats()
     assert stats.num_free_blocks == stats.num_blocks
+
+
+def _prompt_logprob_deltas(deltas, request_id):
+    return [d for d in deltas if d.request_id == request_id and d.prompt_logprobs]
+
+
+def test_prompt_logprobs_come_once_with_the_first_token_over_every_prefill_chunk(support):
+    core = support.make_core(max_num_batched_tokens=5)  # a 12-token prompt in 3 chunks
+    prompt = list(range(10, 22))
+    core.add_request(_request("a", prompt, max_tokens=3, prompt_logprobs=1))
+    deltas = support.run_to_completion(core)
+    [carrier] = _prompt_logprob_deltas(deltas, "a")
+    assert carrier.new_token_ids == [22]  # the request's first token
+    assert [entry.rank for entry in carrier.prompt_logprobs] == list(range(1, 12))
+    assert [entry.logprob for entry in carrier.prompt_logprobs] == [-t / 100 for t in prompt[1:]]
+
+
+def test_a_prompt_logprobs_request_reads_no_cached_block_but_caches_its_own(support):
+    core = support.make_core()
+    prompt = list(range(10, 22))
+    core.add_request(_request("warm", prompt, max_tokens=2))
+    support.run_to_completion(core)
+    core.add_request(_request("asks", prompt, max_tokens=2, prompt_logprobs=0))
+    asks = support.run_to_completion(core)
+    assert asks[-1].num_cached_tokens == 0
+    assert len(_prompt_logprob_deltas(asks, "asks")[0].prompt_logprobs) == len(prompt) - 1
+    core.add_request(_request("plain", prompt, max_tokens=2))
+    assert support.run_to_completion(core)[-1].num_cached_tokens == 8  # two full blocks
+
+
+def test_only_the_first_sample_carries_prompt_logprobs(support):
+    core = support.make_core()
+    core.add_request(_request("n", list(range(10, 22)), max_tokens=2, n=3, prompt_logprobs=0))
+    deltas = support.run_to_completion(core)
+    assert [d.index for d in _prompt_logprob_deltas(deltas, "n")] == [0]

@@ -8,8 +8,8 @@ from prometheus_client import generate_latest
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.engine_stats import EngineStats
-from conveyor.engine.iteration_stats import IterationStats
-from conveyor.engine.metrics import EngineMetrics
+from conveyor.engine.iteration_stats import FinishedRequestStats, IterationStats
+from conveyor.engine.metrics import EngineMetrics, one_two_five_buckets
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.settings import EngineSettings
 
@@ -20,9 +20,9 @@ NAMES = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
          "request_queue_time_seconds_bucket"]
 
 
-def _value(metrics: EngineMetrics, name: str) -> float:
+def _value(metrics: EngineMetrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(
-        f"conveyor:{name}", {"model_name": "m", "engine": "e"})
+        f"vllm:{name}", {"model_name": "m", "engine": "e", **labels})
 
 
 def test_counters_advance_by_the_difference_of_totals():
@@ -41,12 +41,22 @@ def test_counters_advance_by_the_difference_of_totals():
 
 def test_iteration_stats_feed_histograms():
     metrics = EngineMetrics("m", "e")
-    metrics.record_iteration(IterationStats(num_prompt_tokens=5, num_generation_tokens=2,
-                                            time_to_first_token=[0.2], e2e_latency=[1.0]))
+    finished = FinishedRequestStats("length", e2e_latency=1.0, queue_time=0.1, prefill_time=0.2,
+                                    decode_time=0.6, num_prompt_tokens=5,
+                                    num_generation_tokens=4, max_tokens=4)
+    metrics.record_iteration(IterationStats(num_scheduled_tokens=6, num_prompt_tokens=5,
+                                            num_generation_tokens=2, time_to_first_token=[0.2],
+                                            finished=[finished]))
     assert _value(metrics, "prompt_tokens_total") == 5
     assert _value(metrics, "generation_tokens_total") == 2
     assert _value(metrics, "time_to_first_token_seconds_count") == 1
     assert _value(metrics, "e2e_request_latency_seconds_sum") == 1.0
+    assert _value(metrics, "request_inference_time_seconds_sum") == pytest.approx(0.8)
+    assert _value(metrics, "request_time_per_output_token_seconds_sum") == pytest.approx(0.2)
+    assert _value(metrics, "request_success_total", finished_reason="length") == 1
+    assert _value(metrics, "request_success_total", finished_reason="stop") == 0
+    assert _value(metrics, "iteration_tokens_total_sum") == 6
+    assert _value(metrics, "request_prompt_tokens_bucket", le="5.0") == 1
 
 
 async def test_an_engine_run_exports_every_vllm_name(support):
@@ -59,9 +69,14 @@ async def test_an_engine_run_exports_every_vllm_name(support):
         engine.shutdown()
     text = generate_latest(metrics.registry).decode()
     for name in NAMES:
-        assert f"conveyor:{name}" in text
+        assert f"vllm:{name}" in text
     assert _value(metrics, "generation_tokens_total") == 3
     assert _value(metrics, "request_queue_time_seconds_count") == 1
+    assert _value(metrics, "request_success_total", finished_reason="length") == 1
+
+
+def test_token_count_buckets_are_vllms():
+    assert one_two_five_buckets(2048) == (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
 
 
 def test_settings_read_the_engine_prefix(monkeypatch):
@@ -70,9 +85,10 @@ def test_settings_read_the_engine_prefix(monkeypatch):
     monkeypatch.setenv("CONVEYOR_ENGINE_DEVICE", "cpu")
     settings = EngineSettings()
     assert (settings.block_size, settings.metrics_port, settings.port) == (32, 9102, 50052)
-    assert settings.resolved_dtype() == "float32"
     from conveyor.engine.attention.native_kernel import native_unavailable_reason
+    from conveyor.engine.native.cpu_features import auto_cpu_dtype
 
+    assert settings.resolved_dtype() == auto_cpu_dtype("fp32")
     expected = "torch" if native_unavailable_reason() else "native"
     assert settings.resolved_attention_backend() == expected
 

@@ -135,3 +135,21 @@ async def test_info_and_stats(served):
     stats = await stub.Stats(engine_pb2.EngineStatsRequest())
     assert stats.num_blocks == 64 and stats.kv_usage == 0.0
     assert 0.0 < stats.prefix_cache_hit_rate < 1.0
+
+
+async def test_prompt_logprobs_travel_on_the_first_chunk(served):
+    _, stub = served
+    chunks = [c async for c in stub.Generate(_generate("p", [5, 6, 7], prompt_logprobs=1))]
+    assert [len(c.prompt_logprobs) for c in chunks] == [2] + [0] * (len(chunks) - 1)
+    first, second = chunks[0].prompt_logprobs
+    assert (first.rank, second.rank) == (1, 2)
+    assert first.logprob == pytest.approx(-0.06)
+    assert [(t.token_id, t.logprob) for t in second.top] == [(7, pytest.approx(-0.07))]
+
+
+async def test_prompt_logprobs_out_of_range_is_invalid_argument(served):
+    _, stub = served
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _tokens(stub, _generate("p", [5, 6, 7], prompt_logprobs=21))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "prompt_logprobs" in caught.value.details()

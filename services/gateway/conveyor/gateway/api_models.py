@@ -2,15 +2,18 @@
 
 Bodies: a request body over the gateway's limit is refused with 413 before it is read
 whole (`BodySizeLimitMiddleware`). OpenAI request bodies (and vLLM's extensions) are
-validated once: unknown fields are ignored, as OpenAI does; ranges follow OpenAI's API
-reference; types are strict, as OpenAI's are (`"stream": "yes"` or `"max_tokens": "5"`
+validated once: a field in neither schema is a 400 naming it, as OpenAI answers; a field
+of OpenAI's schema that this server cannot honour is a 400 naming it when it is set
+(`unsupported`); what each field does is listed in docs/api.md. Ranges follow OpenAI's
+API reference; types are strict, as OpenAI's are (`"stream": "yes"` or `"max_tokens": "5"`
 is a 400, not coerced; an integer is still a valid float); every integer is bounded by
 what the protobuf field it travels in holds (uint32 / int32 / int64), so the bounds
 show in /openapi.json; numbers must be finite; a string holding a lone surrogate (JSON
 may escape one, UTF-8 cannot carry it) is refused.
 
 Mapping: from a validated body to the engine's sampling options and detok's options
-(`sampling_options`, `detok_options`, `max_tokens_for`, `check_limits`).
+(`sampling_options`, `detok_options`, `max_tokens_for`, `check_limits`) and to what its
+response shows (`output_options`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.common.sampling_fields import INT32_MAX, KNOBS, Knob
 from conveyor.gateway.errors import APIError, bad_request, context_length_exceeded
+from conveyor.gateway.response_formats import OutputOptions
 from conveyor.gateway.text_services import ServedModel
 from conveyor.gateway.wire import (
     ChatTurn,
@@ -144,11 +148,40 @@ TokenId = Annotated[int, Field(ge=0, le=UINT32_MAX)]
 TokenCount = Annotated[int, Field(ge=1, le=UINT32_MAX)]
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+class BodyPart(BaseModel):
+    """An object of a request body: unknown fields refused, types strict, numbers finite."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
-class _RequestBody(_Body):
+UNSUPPORTED = "unsupported_parameter"
+"""Error type of a field set to what this server cannot honour; its context's `param`
+names the field and `message` says why."""
+INVALID = "invalid_parameter"
+"""Error type of a field whose value is wrong given the others (context as UNSUPPORTED's)."""
+
+
+def refuse_set_fields(body: BaseModel, refused: dict[str, str]) -> None:
+    """Raise `unsupported` for the first field of `refused` (name -> why) that is set."""
+    for name, why in refused.items():
+        if getattr(body, name) is not None:
+            raise unsupported(name, why)
+
+
+def invalid(param: str, message: str) -> PydanticCustomError:
+    """The validation error of a field (`param`) that is wrong, saying why."""
+    return PydanticCustomError(INVALID, "{message}", {"param": param, "message": message})
+
+
+def unsupported(param: str, why: str, what: str | None = None) -> PydanticCustomError:
+    """The validation error of a field this server refuses, saying why: `param` names it
+    (`messages.audio`: the field `audio` of the message at the error's location), `what`
+    is what the message calls it (default: `param`)."""
+    return PydanticCustomError(UNSUPPORTED, "{message}", {
+        "param": param, "message": f"{what or param} is not supported: {why}"})
+
+
+class RequestBody(BodyPart):
     """A whole request body: strings are checked for lone surrogates once, at the top."""
 
     @model_validator(mode="before")
@@ -162,13 +195,18 @@ class _RequestBody(_Body):
         return data
 
 
-class StreamOptions(_Body):
+class StreamOptions(BodyPart):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """vLLM's: every chunk carries the usage so far (its choice's completion tokens)."""
+    include_obfuscation: bool = False
+    """OpenAI's: content chunks carry an `obfuscation` field of random characters that
+    evens out their sizes (off unless asked for, where OpenAI's default is on)."""
 
 
 # -- structured outputs and tools (mapped by output_constraints.py) -------------------------
 
-class JsonSchemaSpec(_Body):
+class JsonSchemaSpec(BodyPart):
     """response_format.json_schema: the schema the output must match."""
 
     name: str = Field(min_length=1, max_length=64)
@@ -178,15 +216,15 @@ class JsonSchemaSpec(_Body):
     """OpenAI's flag; the schema is enforced by constrained decoding whether set or not."""
 
 
-class TextFormat(_Body):
+class TextFormat(BodyPart):
     type: Literal["text"]
 
 
-class JsonObjectFormat(_Body):
+class JsonObjectFormat(BodyPart):
     type: Literal["json_object"]
 
 
-class JsonSchemaFormat(_Body):
+class JsonSchemaFormat(BodyPart):
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
@@ -195,7 +233,7 @@ ResponseFormatField = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat
                                 Field(discriminator="type")]
 
 
-class StructuredOutputsParams(_Body):
+class StructuredOutputsParams(BodyPart):
     """vLLM's `structured_outputs`: exactly one kind. Its other options (whitespace,
     structural tags, backends) are refused as unknown fields."""
 
@@ -208,23 +246,23 @@ class StructuredOutputsParams(_Body):
     json_object: bool | None = None
 
 
-class FunctionDefinition(_Body):
+class FunctionDefinition(BodyPart):
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class Tool(_Body):
+class Tool(BodyPart):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class FunctionName(_Body):
+class FunctionName(BodyPart):
     name: str = Field(min_length=1)
 
 
-class NamedToolChoice(_Body):
+class NamedToolChoice(BodyPart):
     type: Literal["function"]
     function: FunctionName
 
@@ -232,20 +270,60 @@ class NamedToolChoice(_Body):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-class TextPart(_Body):
+class TextPart(BodyPart):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Body):
+class RefusalPart(BodyPart):
+    """An assistant's earlier refusal, fed back: rendered as its text."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+ContentPart = Annotated[TextPart | RefusalPart, Field(discriminator="type")]
+
+
+class ChatMessage(BodyPart):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    refusal: str | None = None
+    """An assistant's earlier refusal (as the SDK returns it): its text when content is empty."""
+    annotations: list[dict[str, Any]] | None = None
+    """Citations of an earlier answer, fed back: no effect (the model reads the text)."""
+    audio: Any = None
+    function_call: Any = None
+
+    @model_validator(mode="after")
+    def _no_audio_or_functions(self):
+        if self.audio is not None:
+            raise unsupported("messages.audio", "this model reads and writes text only")
+        if self.function_call is not None:
+            raise unsupported("messages.function_call",
+                              "the deprecated functions API; send tool_calls")
+        return self
+
+    @property
+    def text_parts(self) -> list[str]:
+        if not isinstance(self.content, list):
+            return []
+        return [p.text if isinstance(p, TextPart) else p.refusal for p in self.content]
+
+    @property
+    def text(self) -> str:
+        """The content when it is a string, else the refusal's text (or "")."""
+        if isinstance(self.content, str):
+            return self.content
+        if self.content is None:
+            return self.refusal or ""
+        return ""
 
 
-def _knob_field(knob: Knob) -> tuple[Any, Any]:
+def knob_field(knob: Knob) -> tuple[Any, Any]:
     """A body field for one row of the shared table: None when left out, bounded by the
     table's range (OpenAI's tighter api_le where it has one)."""
     spec = knob.spec
@@ -255,8 +333,8 @@ def _knob_field(knob: Knob) -> tuple[Any, Any]:
     return spec.type | None, Field(None, description=spec.doc, **bounds)
 
 
-_Knobs = create_model("_Knobs", __base__=_RequestBody,
-                      **{knob.name: _knob_field(knob) for knob in KNOBS})
+_Knobs = create_model("_Knobs", __base__=RequestBody,
+                      **{knob.name: knob_field(knob) for knob in KNOBS})
 """The optional sampling parameters (temperature, top_p, seed, ...), from the shared table."""
 
 
@@ -278,6 +356,8 @@ class _SamplingFields(_Knobs):
     priority: int = Field(0, ge=INT32_MIN, le=INT32_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    """vLLM's: the logprob of each prompt token after the first, with this many alternatives."""
     response_format: ResponseFormatField | None = None
     structured_outputs: StructuredOutputsParams | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -300,6 +380,9 @@ class _SamplingFields(_Knobs):
     def _stream_options_need_stream(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        if self.prompt_logprobs is not None and self.stream:
+            raise unsupported("prompt_logprobs", "prompt logprobs are not available when "
+                              "stream is true (as vLLM answers)")
         return self
 
     @property
@@ -311,8 +394,110 @@ class _SamplingFields(_Knobs):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def routing_key(self) -> str | None:
+        """What keeps a conversation on one engine (after the X-Session-ID header)."""
+        return self.user
 
-class ChatCompletionRequest(_SamplingFields):
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """Alternatives per prompt position the engine computes (None: no prompt logprobs)."""
+        return self.prompt_logprobs
+
+    @property
+    def is_flex(self) -> bool:
+        """service_tier "flex": run in the lowest band of the tenant's tier."""
+        return False
+
+    @property
+    def served_tier(self) -> str | None:
+        """The service_tier a response names (None: none asked for)."""
+        return None
+
+    @property
+    def timeline_fields(self) -> dict[str, str]:
+        """What the request's timeline keeps of the body (metadata, safety_identifier)."""
+        return {}
+
+
+_MAX_METADATA_PAIRS = 16
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+Verbosity = Literal["low", "medium", "high"]
+Metadata = dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]]
+
+_REFUSED_CHAT_FIELDS = {
+    "audio": "this model writes text only",
+    "functions": "the deprecated functions API; send tools",
+    "function_call": "the deprecated functions API; send tool_choice",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "there is no web search here",
+    "moderation": "no moderation model runs here",
+    "prompt_cache_options": "the prefix cache is automatic: shared prompt prefixes are reused "
+                            "while they stay in an engine's KV cache",
+}
+"""Fields of OpenAI's chat schema this server refuses whenever they are set (not null)."""
+
+
+class OpenAIOptions(RequestBody):
+    """The OpenAI fields chat completions and responses share beyond sampling: honoured
+    (metadata, service_tier, prompt_cache_key, safety_identifier), without effect on a
+    model that has no reasoning and no verbosity training (reasoning_effort is chat's,
+    verbosity), or refused when set to what cannot be honoured (prompt_cache_retention
+    "24h")."""
+
+    metadata: Metadata | None = None
+    """Kept on the request's timeline (GET /v1/requests/{id})."""
+    service_tier: ServiceTier | None = None
+    """"flex" runs in the lowest priority band of the tenant's tier; the others in the
+    tier's own. The response says which ("default" or "flex")."""
+    prompt_cache_key: str | None = None
+    """Keeps requests that share it on the engine caching their prefix (the routing
+    session key, after the X-Session-ID header)."""
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    """"in_memory" is what the engines do; "24h" is refused."""
+    safety_identifier: str | None = Field(None, max_length=64)
+    """Kept on the request's timeline."""
+
+    @field_validator("metadata")
+    @classmethod
+    def _at_most_16_pairs(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        if metadata is not None and len(metadata) > _MAX_METADATA_PAIRS:
+            raise ValueError(f"at most {_MAX_METADATA_PAIRS} key-value pairs, "
+                             f"got {len(metadata)}")
+        return metadata
+
+    @model_validator(mode="after")
+    def _no_extended_cache_retention(self):
+        if self.prompt_cache_retention == "24h":
+            raise unsupported("prompt_cache_retention", "prefixes stay cached while they fit "
+                              "in an engine's KV cache (in_memory), never for a set time")
+        return self
+
+    @property
+    def is_flex(self) -> bool:
+        return self.service_tier == "flex"
+
+    @property
+    def served_tier(self) -> str | None:
+        """The service_tier a response names: the one used, when one was asked for."""
+        if self.service_tier is None:
+            return None
+        return "flex" if self.is_flex else "default"
+
+    @property
+    def routing_key(self) -> str | None:
+        return self.prompt_cache_key or self.user
+
+    @property
+    def timeline_fields(self) -> dict[str, str]:
+        fields = {"metadata": json.dumps(self.metadata)} if self.metadata else {}
+        if self.safety_identifier:
+            fields["safety_identifier"] = self.safety_identifier
+        return fields
+
+
+class ChatCompletionRequest(OpenAIOptions, _SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
@@ -320,6 +505,21 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    store: bool | None = None
+    """Chat completions are never stored here: true is refused."""
+    reasoning_effort: ReasoningEffort | None = None
+    """No effect: the served model does no reasoning."""
+    verbosity: Verbosity | None = None
+    """No effect: the served model was not trained to follow it."""
+    modalities: list[Literal["text", "audio"]] | None = None
+    """["text"] is what the model writes; "audio" is refused."""
+    audio: Any = None
+    functions: Any = None
+    function_call: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    prompt_cache_options: Any = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
@@ -329,6 +529,16 @@ class ChatCompletionRequest(_SamplingFields):
     def _top_logprobs_need_logprobs(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+    @model_validator(mode="after")
+    def _refused_fields(self):
+        refuse_set_fields(self, _REFUSED_CHAT_FIELDS)
+        if self.store:
+            raise unsupported("store", "chat completions are not stored; send store false "
+                              "or leave it out (the Responses API stores responses)")
+        if self.modalities is not None and "audio" in self.modalities:
+            raise unsupported("modalities", "this model writes text only")
         return self
 
     @property
@@ -343,6 +553,12 @@ class CompletionRequest(_SamplingFields):
     prompt: Prompt
     max_tokens: TokenCount | None = 16
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    """The prompt before each choice's text (with its tokens' logprobs when logprobs is
+    set: the first has none)."""
+    best_of: int | None = Field(None, ge=1, le=INT32_MAX)
+    """Only best_of = n (return every candidate) is served."""
+    suffix: str | None = None
     add_special_tokens: bool = True
 
     @field_validator("prompt")
@@ -352,9 +568,27 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("prompt must not be empty")
         return prompt
 
+    @model_validator(mode="after")
+    def _refused_fields(self):
+        if self.suffix is not None:
+            raise unsupported("suffix", "this model has no fill-in-the-middle training")
+        if self.best_of is not None and self.best_of != self.n:
+            raise unsupported("best_of", "only best_of equal to n (every candidate "
+                              "returned); send n")
+        if self.echo and self.logprobs is not None and self.stream and self.n > 1:
+            raise unsupported("echo", "with logprobs, a stream echoes the prompt for n = 1 "
+                              "only; send stream false or n 1")
+        return self
+
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        if self.prompt_logprobs is None and self.echo and self.logprobs is not None:
+            return self.logprobs  # echo shows the prompt's logprobs (vLLM does the same)
+        return self.prompt_logprobs
 
     @property
     def prompts(self) -> list[str | list[int]]:
@@ -366,7 +600,7 @@ class CompletionRequest(_SamplingFields):
         return list(self.prompt)
 
 
-class TokenizeRequest(_RequestBody):
+class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -380,7 +614,7 @@ class TokenizeRequest(_RequestBody):
         return self
 
 
-class DetokenizeRequest(_RequestBody):
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[TokenId]
 
@@ -437,7 +671,20 @@ def sampling_options(body: GenerationBody, max_tokens: int) -> SamplingOptions:
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         min_tokens=body.min_tokens,
+        prompt_logprobs=body.engine_prompt_logprobs,
     )
+
+
+def output_options(body: GenerationBody) -> OutputOptions:
+    """What the body asks of its response beyond the choices' text and logprobs."""
+    stream_options = body.stream_options or StreamOptions()
+    return OutputOptions(
+        n=body.n, include_usage=stream_options.include_usage,
+        continuous_usage=stream_options.continuous_usage_stats,
+        obfuscate=stream_options.include_obfuscation,
+        served_tier=body.served_tier,
+        num_prompt_logprobs=body.prompt_logprobs,
+        echo=isinstance(body, CompletionRequest) and body.echo)
 
 
 def num_top_logprobs(body: GenerationBody) -> int | None:
@@ -484,8 +731,8 @@ def chat_turns(messages: list[ChatMessage]) -> list[ChatTurn]:
     return [
         ChatTurn(
             role=m.role,
-            content=m.content if isinstance(m.content, str) else "",
-            parts=[p.text for p in m.content] if isinstance(m.content, list) else [],
+            content=m.text,
+            parts=m.text_parts,
             name=m.name or "",
             tool_call_id=m.tool_call_id or "",
             tool_calls_json=json.dumps(m.tool_calls) if m.tool_calls else "",

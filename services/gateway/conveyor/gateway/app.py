@@ -18,6 +18,7 @@ from conveyor.gateway.errors import APIError, error_response, internal_error
 from conveyor.gateway.observability import RequestSpanMiddleware
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.probes import router as probes_router
+from conveyor.gateway.responses.api import router as responses_router
 from conveyor.gateway.routes import router
 from conveyor.gateway.settings import GatewaySettings
 from conveyor.gateway.validation_errors import validation_error
@@ -41,6 +42,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(router)
     app.include_router(probes_router)
     app.include_router(batches_router)
+    app.include_router(responses_router)
     app.add_middleware(RequestSpanMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        exempt_paths=("/v1/files",))  # uploads: their own limit

@@ -15,7 +15,6 @@ computes the prompt once): a demultiplexing task hands each chunk to its sample'
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -39,7 +38,8 @@ from conveyor.gateway.wire import (
 class GenerationDelta:
     """New text (content), pieces of tool calls, and the output tokens they came from; the
     last delta has a finish_reason ("stop" or "length"), the stop reason (stop string or
-    token id) and the usage."""
+    token id) and the usage. The first delta of a choice whose engine computed prompt
+    logprobs carries them (prompt positions 1 .. len - 1)."""
 
     text: str
     token_ids: list[int]
@@ -48,6 +48,7 @@ class GenerationDelta:
     stop_reason: str | int | None = None
     usage: TokenUsage | None = None
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -58,6 +59,8 @@ class _Progress:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[PositionLogprobs] = field(default_factory=list)
     num_reported: int = 0
+    prompt_logprobs: list[PositionLogprobs] | None = None
+    """The engine's prompt logprobs until a delta carries them (then [])."""
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None
     stopped_by_detok: bool = False
@@ -70,6 +73,8 @@ class _Progress:
     def record(self, chunk: EngineChunk) -> None:
         self.token_ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
+        if chunk.prompt_logprobs and self.prompt_logprobs is None:
+            self.prompt_logprobs = chunk.prompt_logprobs
         if chunk.usage.prompt_tokens:
             self.usage = chunk.usage
         if chunk.finish_reason is not None:
@@ -79,23 +84,28 @@ class _Progress:
     def delta(self, reply: DetokReply) -> GenerationDelta:
         token_ids, logprobs = self._take(reply.num_tokens)
         return GenerationDelta(reply.text_delta, token_ids, logprobs,
-                               tool_calls=reply.tool_calls)
+                               tool_calls=reply.tool_calls,
+                               prompt_logprobs=self._take_prompt_logprobs())
 
     def stopped_by_string(self, reply: DetokReply) -> GenerationDelta:
         match = reply.stop_match
         token_ids, logprobs = self._take(match.num_tokens)
         usage = TokenUsage(self.usage.prompt_tokens, match.num_tokens, self.usage.cached_tokens)
         return GenerationDelta(reply.text_delta, token_ids, logprobs, "stop", match.stop, usage,
-                               reply.tool_calls)
+                               reply.tool_calls, self._take_prompt_logprobs())
 
     def finished(self) -> GenerationDelta:
         token_ids, logprobs = self._take(len(self.token_ids))
         usage = TokenUsage(
             self.usage.prompt_tokens, len(self.token_ids), self.usage.cached_tokens
         )
-        return GenerationDelta(
-            "", token_ids, logprobs, self.finish_reason.value, self.stop_token_id, usage
-        )
+        return GenerationDelta("", token_ids, logprobs, self.finish_reason.value,
+                               self.stop_token_id, usage,
+                               prompt_logprobs=self._take_prompt_logprobs())
+
+    def _take_prompt_logprobs(self) -> list[PositionLogprobs]:
+        taken, self.prompt_logprobs = self.prompt_logprobs or [], []
+        return taken
 
     def _take(self, upto: int) -> tuple[list[int], list[PositionLogprobs]]:
         """The tokens in [num_reported, upto) and their logprobs (if any were asked for)."""
@@ -264,8 +274,7 @@ class ChoiceStream:
         if target is None:
             raise failure
         self.engine_id, client = target
-        return client.generate(dataclasses.replace(
-            self._job, resume_output_token_ids=list(self.progress.token_ids)))
+        return client.generate(self._job.resumed(self.progress.token_ids))
 
 
 async def _forward(engine_stream: EngineStream | SampleFeed, detok_stream: DetokStream,

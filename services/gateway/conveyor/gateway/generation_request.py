@@ -1,4 +1,5 @@
-"""One chat or completions request, the one object that owns what it acquires.
+"""One generation request (chat, completions, or the Responses API, served as a chat
+request: responses/), the one object that owns what it acquires.
 
 `async with GenerationRequest(...) as request:` is the request's life. Everything it
 acquires is registered for release in the same step as it is acquired (the release
@@ -12,11 +13,13 @@ second cancellation:
     quota reservation              settled: unused tokens and the concurrency slot back
     timeline                       saved with its end state (finished, cancelled, ...)
     routing bindings               written (a new session's engine, prefix hints)
+    its kind's end writes           written, if it was served whole (a stored response)
     metrics record, GenAI span     finished with the status and usage
 
-Settling, the timeline's end and the bindings are one Redis round trip; with the
-admission (its timeline start inside) and the routing read that makes three per
-request, two before the first byte (docs/architecture.md, "Redis round trips").
+Settling, the timeline's end, the bindings and a stored response are one Redis round
+trip; with the admission (its timeline start inside) and the routing read that makes
+three per request, two before the first byte (docs/architecture.md, "Redis round
+trips"); a Responses request continuing a stored one reads it once more.
 
 The stages, in order: `admit` (caller, model, limits, prompts, quota), `start`
 (route, open one choice per prompt and sample, wait for the first delta), then
@@ -41,7 +44,7 @@ from redis.exceptions import RedisError
 from conveyor.common.engine_registry import EngineEntry
 from conveyor.common.errors import QUEUE_FULL
 from conveyor.common.log import request_id_var
-from conveyor.common.redis_scripts import run_script_calls
+from conveyor.common.redis_scripts import ScriptCall, run_script_calls
 from conveyor.gateway.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -50,6 +53,7 @@ from conveyor.gateway.api_models import (
     detok_options,
     max_tokens_for,
     num_top_logprobs,
+    output_options,
     render_input,
     sampling_options,
 )
@@ -99,44 +103,72 @@ from conveyor.gateway.wire import (
 log = logging.getLogger("conveyor.gateway.requests")
 
 T = TypeVar("T")
-PreparePrompts = Callable[[Pipeline, GenerationBody], Awaitable[list[PromptTokens]]]
+PreparePrompts = Callable[["GenerationRequest"], Awaitable[list[PromptTokens]]]
+"""A request's prompts, tokenized (its caller, model and body are known by then)."""
+FormatOf = Callable[["GenerationRequest"], ResponseFormat]
+"""The response format of a started request (its prompts and usage are known by then)."""
+EndCalls = Callable[["GenerationRequest"], list[ScriptCall]]
+"""What a finished request writes to Redis in its settlement's round trip."""
 
 ENGINE_HEADER = "x-conveyor-engine"
 """Response header naming the engine (registry id) that served the request."""
 SESSION_HEADER = "x-session-id"
-"""Request header whose value binds a conversation to one engine (else the body's `user`)."""
+"""Request header whose value binds a conversation to one engine (else the body's
+`prompt_cache_key`, else its `user`)."""
+
+
+def _nothing_to_write(request: GenerationRequest) -> list[ScriptCall]:
+    return []
 
 
 @dataclass(frozen=True, slots=True)
 class EndpointKind:
-    """What differs between chat and completions."""
+    """What differs between the endpoints served on this path (chat, completions, and
+    the Responses API, whose kind is responses/endpoint.py's)."""
 
     name: str
     id_prefix: str
     prompt_param: str
-    format: type[ResponseFormat]
+    format: FormatOf
     prepare_prompts: PreparePrompts
+    end_calls: EndCalls = _nothing_to_write
 
 
-async def _render_conversation(pipeline: Pipeline,
-                               body: ChatCompletionRequest) -> list[PromptTokens]:
-    return [await pipeline.tokenizer.render(render_input(body, body.requested_max_tokens))]
+def format_of(shape: type[ResponseFormat]) -> FormatOf:
+    """The format factory of a shape that needs only what every request has."""
+    def make(request: GenerationRequest) -> ResponseFormat:
+        body = request.body
+        return shape(request.request_id, request.model.name, num_top_logprobs(body),
+                     output_options(body), request.prompts)
+
+    return make
 
 
-async def _tokenize_prompts(pipeline: Pipeline, body: CompletionRequest) -> list[PromptTokens]:
-    def prompt_input(prompt: str | list[int]) -> PromptInput:
+async def _render_conversation(request: GenerationRequest) -> list[PromptTokens]:
+    body: ChatCompletionRequest = request.body
+    return [await request.pipeline.tokenizer.render(
+        render_input(body, body.requested_max_tokens))]
+
+
+async def _tokenize_prompts(request: GenerationRequest) -> list[PromptTokens]:
+    pipeline = request.pipeline
+    body: CompletionRequest = request.body
+
+    async def tokenized(prompt: str | list[int]) -> PromptTokens:
         text, token_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
-        return PromptInput(text=text, token_ids=token_ids,
-                           add_special_tokens=body.add_special_tokens,
-                           max_tokens=body.requested_max_tokens or 0)
+        tokens = await pipeline.tokenizer.tokenize(PromptInput(
+            text=text, token_ids=token_ids, add_special_tokens=body.add_special_tokens,
+            max_tokens=body.requested_max_tokens or 0))
+        if body.echo and token_ids is not None:  # echo shows the text of the ids
+            tokens.prompt_text = await pipeline.tokenizer.decode(token_ids)
+        return tokens
 
-    return list(await asyncio.gather(
-        *(pipeline.tokenizer.tokenize(prompt_input(p)) for p in body.prompts)))
+    return list(await asyncio.gather(*(tokenized(p) for p in body.prompts)))
 
 
-CHAT = EndpointKind("chat_completions", "chatcmpl", "messages", ChatFormat,
+CHAT = EndpointKind("chat_completions", "chatcmpl", "messages", format_of(ChatFormat),
                     _render_conversation)
-COMPLETIONS = EndpointKind("completions", "cmpl", "prompt", CompletionFormat,
+COMPLETIONS = EndpointKind("completions", "cmpl", "prompt", format_of(CompletionFormat),
                            _tokenize_prompts)
 
 
@@ -163,6 +195,7 @@ class GenerationRequest:
         """Raises ClientDisconnected / RequestTimedOut once either ended the request."""
         self.model: ServedModel | None = None
         self.tenant: Tenant | None = None
+        self.prompts: list[PromptTokens] = []
         self.usage: UsageTotals | None = None
         self.outcome: Outcome | None = None
         self._headers = headers
@@ -214,11 +247,14 @@ class GenerationRequest:
         self.model = await self._step(pipeline.catalog.resolve(body.model))
         check_limits(body, self.model, pipeline.settings.max_n)
         self._plan = output_plan(body, ToolCallFormat(pipeline.settings.tool_call_parser))
-        self._priority = engine_priority(self.tenant.tier, body.priority)
-        self._prompts = await self._step(self.kind.prepare_prompts(pipeline, body))
+        tier = self.tenant.tier
+        self._priority = engine_priority(tier, tier.max_priority_offset if body.is_flex
+                                         else body.priority)
+        self._timeline.record(**body.timeline_fields)
+        self.prompts = await self._step(self.kind.prepare_prompts(self))
         self._max_tokens = [max_tokens_for(body.requested_max_tokens, p, self.kind.prompt_param)
-                            for p in self._prompts]
-        num_prompt_tokens = sum(p.num_tokens for p in self._prompts)
+                            for p in self.prompts]
+        num_prompt_tokens = sum(p.num_tokens for p in self.prompts)
         self._admission = pipeline.admitter.admission(self.tenant, num_prompt_tokens,
                                                       sum(self._max_tokens) * body.n)
         admitted_at = time.time()
@@ -258,7 +294,7 @@ class GenerationRequest:
 
     async def _pick(self, tried: list[str]) -> EngineEntry:
         engine = await self._step(self.pipeline.router.pick(
-            self.session_key, self._prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
+            self.session_key, self.prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
             model=self.model.backend_name, exclude=tried, pending=self._bindings))
         self.response_headers[ENGINE_HEADER] = engine.engine_id
         return engine
@@ -274,7 +310,7 @@ class GenerationRequest:
         pipeline, body = self.pipeline, self.body
         client = pipeline.engines.client(engine.address)
         self._stack.push_async_callback(self._choices.close)
-        budgets = zip(self._prompts, self._max_tokens, strict=True)
+        budgets = zip(self.prompts, self._max_tokens, strict=True)
         for prompt_index, (prompt, max_tokens) in enumerate(budgets):
             job_id = f"{self.request_id}-{'p' if body.n > 1 else ''}{prompt_index}"
             job = GenerateJob(job_id, prompt.token_ids, sampling_options(body, max_tokens),
@@ -290,7 +326,7 @@ class GenerationRequest:
         self._timeline.mark(Stage.QUEUED, engine_id=engine.engine_id)
         describe_generation(self.kind.name, self.model.name, body.requested_max_tokens,
                             self.request_id)
-        self.usage = UsageTotals([p.num_tokens for p in self._prompts], body.n)
+        self.usage = UsageTotals([p.num_tokens for p in self.prompts], body.n)
         first = await self.next_delta()
         if first is None:
             raise UpstreamError("engine", "INTERNAL", "the generation ended without output")
@@ -320,7 +356,7 @@ class GenerationRequest:
             self.pipeline.directory.mark_unreachable(failed_engine_id)
         try:
             engine = await self.pipeline.router.pick(
-                self.session_key, self._prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
+                self.session_key, self.prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
                 model=self.model.backend_name, exclude=[failed_engine_id],
                 pending=self._bindings)
         except (NoEngineAvailable, RedisError) as error:
@@ -347,10 +383,10 @@ class GenerationRequest:
 
     @property
     def session_key(self) -> str | None:
-        return self._headers.get(SESSION_HEADER) or self.body.user
+        return self._headers.get(SESSION_HEADER) or self.body.routing_key
 
     def response_format(self) -> ResponseFormat:
-        return self.kind.format(self.request_id, self.model.name, num_top_logprobs(self.body))
+        return self.kind.format(self)
 
     # -- releases (registered on the exit stack) ----------------------------------------
 
@@ -384,6 +420,8 @@ class GenerationRequest:
         settle = self._admission and self._admission.settle_call(
             usage and _Spent(usage.num_tokens_spent), timeline)
         calls = [settle or self.pipeline.timelines.write_call(timeline), *self._bindings.calls]
+        if self.outcome.status == 200:
+            calls += self.kind.end_calls(self)
         try:
             await run_script_calls(self.pipeline.redis, calls)
         except RedisError as error:  # an unsettled reservation frees itself at its lease

@@ -141,7 +141,7 @@ class RequestRecord:
 UNTRACED_PATHS = frozenset({"/health", "/metrics"})
 """Polled by health checks and scrapers: spans there would only be noise."""
 
-OPERATIONS = {"chat_completions": "chat", "completions": "text_completion"}
+OPERATIONS = {"chat_completions": "chat", "completions": "text_completion", "responses": "chat"}
 """gen_ai.operation.name per endpoint kind."""
 
 _tracer = trace.get_tracer("conveyor.gateway")

@@ -14,6 +14,7 @@ from conveyor.common.engine_registry import EngineRegistry
 from conveyor.common.grpc_client import Keepalive
 from conveyor.gateway.observability import GatewayMetrics
 from conveyor.gateway.replica_sets import replica_set
+from conveyor.gateway.responses.store import ResponseStore
 from conveyor.gateway.routing.router import (
     EngineClients,
     EngineDirectory,
@@ -50,6 +51,7 @@ class Pipeline:
     catalog: ModelCatalog
     token_texts: TokenTexts
     metrics: GatewayMetrics
+    responses: ResponseStore
     channels: list[grpc.aio.Channel] = field(default_factory=list)
     draining: bool = False
 
@@ -86,6 +88,8 @@ class Pipeline:
             catalog=ModelCatalog(tokenizer, settings.served_model_name),
             token_texts=TokenTexts(tokenizer),
             metrics=metrics,
+            responses=ResponseStore(redis, prefix=settings.redis_prefix,
+                                    ttl_s=settings.responses_ttl_s),
         )
 
     async def close(self) -> None:

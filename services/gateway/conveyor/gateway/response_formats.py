@@ -1,18 +1,23 @@
-"""The two OpenAI response shapes (chat completions and text completions), their logprobs,
-and the usage of a whole response.
+"""The OpenAI response shapes of chat completions and text completions, their logprobs
+(and vLLM's prompt logprobs), and the usage of a whole response.
 
-Each format turns a choice's GenerationDelta into a streaming chunk, and a finished
-ChoiceResult into a choice of the non-streaming response; `UsageTotals` counts the
-tokens of all the choices (prompts once, completions summed).
+Each format turns a choice's GenerationDelta into streaming chunks, and finished
+ChoiceResults into the non-streaming response; it also says how its stream is framed
+(SSE `data:` lines ending in `data: [DONE]`, the Responses API's named events) and which
+token ids its logprobs show. `UsageTotals` counts the tokens of all the choices (prompts
+once, completions summed).
 """
 
 from __future__ import annotations
 
+import json
+import secrets
 import time
 from dataclasses import dataclass, field
 
+from conveyor.gateway.errors import APIError
 from conveyor.gateway.generation import GenerationDelta
-from conveyor.gateway.wire import PositionLogprobs, TokenUsage, ToolCallDelta
+from conveyor.gateway.wire import PositionLogprobs, PromptTokens, TokenUsage, ToolCallDelta
 
 # -- usage totals ------------------------------------------------------------------------
 
@@ -72,6 +77,12 @@ class UsageTotals:
         }
 
 
+def usage_so_far(num_prompt_tokens: int, num_completion_tokens: int) -> dict:
+    """vLLM's continuous usage of one choice: its prompt and its tokens so far."""
+    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
+            "total_tokens": num_prompt_tokens + num_completion_tokens}
+
+
 # -- logprobs format ---------------------------------------------------------------------
 
 def needed_token_ids(token_ids: list[int], logprobs: list[PositionLogprobs]) -> set[int]:
@@ -123,7 +134,86 @@ def _finite(logprob: float) -> float:
     return max(logprob, -9999.0)
 
 
+def prompt_logprobs_entries(prompt_ids: list[int], positions: list[PositionLogprobs],
+                            texts: dict[int, str], num_top: int) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: None for the first prompt token, then per token a map of
+    token id (as text) to {logprob, rank, decoded_token}: the prompt's token first, then
+    the `num_top` most likely (ranks 1..num_top), each id once."""
+    entries: list[dict | None] = [None]
+    for token_id, position in zip(prompt_ids[1:], positions, strict=False):
+        entry = {str(token_id): _prompt_entry(position.logprob, position.rank, texts[token_id])}
+        for rank, (top_id, logprob) in enumerate(position.top[:num_top], start=1):
+            entry.setdefault(str(top_id), _prompt_entry(logprob, rank, texts[top_id]))
+        entries.append(entry)
+    return entries
+
+
+def _prompt_entry(logprob: float, rank: int, text: str) -> dict:
+    return {"logprob": _finite(logprob), "rank": rank, "decoded_token": text}
+
+
+def echo_logprobs(prompt_ids: list[int], positions: list[PositionLogprobs],
+                  texts: dict[int, str], num_top: int) -> dict:
+    """The completions logprobs of an echoed prompt (its first token has none)."""
+    tokens = [texts[token_id] for token_id in prompt_ids]
+    offsets, offset = [], 0
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [None, *(_finite(p.logprob) for p in positions)],
+        "top_logprobs": [None, *({texts[i]: _finite(lp) for i, lp in p.top[:num_top]}
+                                 for p in positions)],
+        "text_offset": offsets,
+    }
+
+
+def _joined_logprobs(first: dict | None, second: dict | None) -> dict | None:
+    """Completions logprobs `first` then `second` (of the text after it)."""
+    if first is None or second is None:
+        return first or second
+    return {key: first[key] + second[key] for key in first}
+
+
+OBFUSCATION_BLOCK = 32
+"""A content chunk's text and its obfuscation fill a multiple of this many bytes."""
+
+
+def obfuscation(text: str) -> str:
+    """Random URL-safe characters that pad `text` (in UTF-8 bytes) to a multiple of
+    OBFUSCATION_BLOCK, so a chunk's size does not tell its text's length."""
+    num_chars = OBFUSCATION_BLOCK - len(text.encode()) % OBFUSCATION_BLOCK
+    return secrets.token_urlsafe(num_chars)[:num_chars]
+
+
 # -- response formats --------------------------------------------------------------------
+
+DONE = b"data: [DONE]\n\n"
+
+
+def encode_event(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class OutputOptions:
+    """What a request asks of its response beyond its choices' text and logprobs."""
+
+    n: int = 1
+    include_usage: bool = False
+    """A last chunk with the whole request's usage."""
+    continuous_usage: bool = False
+    """Every chunk with its choice's usage so far (vLLM's continuous_usage_stats)."""
+    obfuscate: bool = False
+    """Content chunks padded with an `obfuscation` field (OpenAI's include_obfuscation)."""
+    served_tier: str | None = None
+    """The service_tier the response names (when the request named one)."""
+    num_prompt_logprobs: int | None = None
+    """vLLM's prompt_logprobs shown, with this many alternatives (None: not shown)."""
+    echo: bool = False
+    """Completions: the prompt before each choice's text."""
+
 
 @dataclass(slots=True)
 class ChoiceResult:
@@ -136,11 +226,13 @@ class ChoiceResult:
     stop_reason: str | int | None = None
     tool_calls: list[dict] = field(default_factory=list)
     """OpenAI's `message.tool_calls`, assembled from the pieces."""
+    prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)
 
     def add(self, delta: GenerationDelta) -> None:
         self.text += delta.text
         self.token_ids.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs)
+        self.prompt_logprobs.extend(delta.prompt_logprobs)
         for piece in delta.tool_calls:
             if piece.id:
                 self.tool_calls.append({"id": piece.id, "type": "function",
@@ -165,24 +257,36 @@ def _finish_reason(reason: str | None, called: bool) -> str | None:
 
 
 class ResponseFormat:
-    """What both shapes share: the envelope and whether logprobs were asked for."""
+    """What the shapes share: the envelope, the SSE framing, which token texts the
+    logprobs need, and the options of `OutputOptions`. `prompts` are the request's
+    prompts in order (choice i answers prompt i // n)."""
 
     chunk_object: str
     response_object: str
 
-    def __init__(self, response_id: str, model: str, num_top_logprobs: int | None):
+    def __init__(self, response_id: str, model: str, num_top_logprobs: int | None,
+                 options: OutputOptions = OutputOptions(),
+                 prompts: list[PromptTokens] | None = None):
         self.response_id = response_id
         self.model = model
         self.created = int(time.time())
         self.num_top_logprobs = num_top_logprobs
+        self.options = options
+        self.prompts = prompts or []
         self._text_offsets: dict[int, int] = {}
+        self._num_tokens: dict[int, int] = {}
+        """Tokens streamed so far, by choice (for continuous usage)."""
 
     @property
     def wants_logprobs(self) -> bool:
         return self.num_top_logprobs is not None
 
     def envelope(self, obj: str) -> dict:
-        return {"id": self.response_id, "object": obj, "created": self.created, "model": self.model}
+        envelope = {"id": self.response_id, "object": obj, "created": self.created,
+                    "model": self.model}
+        if self.options.served_tier is not None:
+            envelope["service_tier"] = self.options.served_tier
+        return envelope
 
     def chunk_of(self, choices: list[dict]) -> dict:
         return {**self.envelope(self.chunk_object), "choices": choices, "usage": None}
@@ -196,15 +300,85 @@ class ResponseFormat:
         return {**self.envelope(self.response_object), "choices": choices,
                 "usage": usage.as_openai()}
 
+    # -- the stream ---------------------------------------------------------------------
+
     def opening_chunks(self, num_choices: int) -> list[dict]:
         return []
+
+    def delta_chunks(self, index: int, delta: GenerationDelta,
+                     texts: dict[int, str]) -> list[dict]:
+        """The chunks of one delta of choice `index`, each with that choice's usage so far
+        when continuous usage was asked for."""
+        self._num_tokens[index] = self._num_tokens.get(index, 0) + len(delta.token_ids)
+        chunks = self.chunks(index, delta, texts)
+        if self.options.continuous_usage:
+            for chunk in chunks:
+                chunk["usage"] = self._choice_usage(index)
+        return chunks
 
     def chunks(self, index: int, delta: GenerationDelta, texts: dict[int, str]) -> list[dict]:
         """The streamed chunks of one delta (none when it carries nothing to show)."""
         raise NotImplementedError
 
+    def closing_chunks(self, usage: UsageTotals) -> list[dict]:
+        """What the stream sends after every choice finished (the usage, if asked for)."""
+        return [self.usage_chunk(usage)] if self.options.include_usage else []
+
+    def error_chunks(self, error: APIError) -> list[dict]:
+        """What a stream that fails after it started sends before it ends."""
+        return [error.body()]
+
+    def encode(self, chunk: dict) -> bytes:
+        return encode_event(chunk)
+
+    stream_end: bytes = DONE
+    """The stream's last bytes."""
+
     def choice(self, index: int, result: ChoiceResult, texts: dict[int, str]) -> dict:
         raise NotImplementedError
+
+    # -- token texts --------------------------------------------------------------------
+
+    def delta_token_ids(self, index: int, delta: GenerationDelta) -> set[int]:
+        """The ids whose text the chunks of this delta show."""
+        return self._shown_ids(index, delta.token_ids, delta.logprobs, delta.prompt_logprobs,
+                               self._echoes_next(index))
+
+    def result_token_ids(self, results: list[ChoiceResult]) -> set[int]:
+        """The ids whose text the response of these results shows."""
+        ids: set[int] = set()
+        for index, result in enumerate(results):
+            ids |= self._shown_ids(index, result.token_ids, result.logprobs,
+                                   result.prompt_logprobs, self.options.echo)
+        return ids
+
+    def _shown_ids(self, index: int, token_ids: list[int], logprobs: list[PositionLogprobs],
+                   prompt_logprobs: list[PositionLogprobs], echoes: bool) -> set[int]:
+        ids = needed_token_ids(token_ids, logprobs) if self.wants_logprobs and logprobs \
+            else set()
+        if prompt_logprobs or (echoes and self.wants_logprobs):
+            ids |= needed_token_ids(self._prompt_of(index).token_ids, prompt_logprobs)
+        return ids
+
+    def _echoes_next(self, index: int) -> bool:
+        """Whether the next chunk of choice `index` starts with its echoed prompt."""
+        return False
+
+    def _prompt_of(self, index: int) -> PromptTokens:
+        return self.prompts[index // self.options.n]
+
+    def _choice_usage(self, index: int) -> dict:
+        return usage_so_far(self._prompt_of(index).num_tokens, self._num_tokens.get(index, 0))
+
+    def _prompt_logprobs(self, index: int, positions: list[PositionLogprobs],
+                         texts: dict[int, str]) -> list[dict | None]:
+        return prompt_logprobs_entries(self._prompt_of(index).token_ids, positions, texts,
+                                       self.options.num_prompt_logprobs or 0)
+
+    def _obfuscated(self, chunk: dict, text: str) -> dict:
+        if self.options.obfuscate and text:
+            chunk["obfuscation"] = obfuscation(text)
+        return chunk
 
     def _next_offset(self, index: int, text: str) -> int:
         """The character offset of this text in its choice (for completion logprobs)."""
@@ -213,23 +387,39 @@ class ResponseFormat:
         return offset
 
 
+def prompt_logprobs_by_prompt(results: list[ChoiceResult], n: int
+                              ) -> dict[int, list[PositionLogprobs]]:
+    """Each prompt's logprobs, from whichever of its choices carried them (sample 0)."""
+    found: dict[int, list[PositionLogprobs]] = {}
+    for index, result in enumerate(results):
+        if result.prompt_logprobs:
+            found.setdefault(index // n, result.prompt_logprobs)
+    return found
+
+
 class ChatFormat(ResponseFormat):
     """Chat completions. A delta's content (with its logprobs) is one chunk and each of
     its tool-call pieces one more (a call's id and name first, then its arguments), as
     OpenAI streams them; a choice that called tools and ended by itself finishes with
-    "tool_calls"."""
+    "tool_calls". vLLM's prompt_logprobs are a field of the response (not of a choice)."""
 
     chunk_object = "chat.completion.chunk"
     response_object = "chat.completion"
 
-    def __init__(self, response_id: str, model: str, num_top_logprobs: int | None):
-        super().__init__(response_id, model, num_top_logprobs)
+    def __init__(self, response_id: str, model: str, num_top_logprobs: int | None,
+                 options: OutputOptions = OutputOptions(),
+                 prompts: list[PromptTokens] | None = None):
+        super().__init__(response_id, model, num_top_logprobs, options, prompts)
         self._called: set[int] = set()
         """Choices that streamed a tool call."""
 
     def opening_chunks(self, num_choices: int) -> list[dict]:
-        return [self.chunk_of([_chat_chunk_choice(i, {"role": "assistant", "content": ""})])
-                for i in range(num_choices)]
+        chunks = [self.chunk_of([_chat_chunk_choice(i, {"role": "assistant", "content": ""})])
+                  for i in range(num_choices)]
+        if self.options.continuous_usage:
+            for index, chunk in enumerate(chunks):
+                chunk["usage"] = self._choice_usage(index)
+        return chunks
 
     def chunks(self, index: int, delta: GenerationDelta, texts: dict[int, str]) -> list[dict]:
         deltas = [{"content": delta.text}] if delta.text else []
@@ -244,7 +434,17 @@ class ChatFormat(ResponseFormat):
             choices[-1]["finish_reason"] = _finish_reason(delta.finish_reason,
                                                           index in self._called)
             choices[-1]["stop_reason"] = delta.stop_reason
-        return [self.chunk_of([choice]) for choice in choices]
+        chunks = [self.chunk_of([choice]) for choice in choices]
+        self._obfuscated(chunks[0], delta.text)
+        return chunks
+
+    def response(self, results: list[ChoiceResult], texts: dict[int, str],
+                 usage: UsageTotals) -> dict:
+        body = super().response(results, texts, usage)
+        if self.options.num_prompt_logprobs is not None:
+            positions = prompt_logprobs_by_prompt(results, self.options.n).get(0, [])
+            body["prompt_logprobs"] = self._prompt_logprobs(0, positions, texts)
+        return body
 
     def choice(self, index: int, result: ChoiceResult, texts: dict[int, str]) -> dict:
         message = {"role": "assistant", "content": result.text}
@@ -270,29 +470,72 @@ def _chat_chunk_choice(index: int, delta: dict) -> dict:
 
 
 class CompletionFormat(ResponseFormat):
+    """Text completions. With echo, each choice's text starts with its prompt (and, with
+    logprobs, its logprobs with the prompt's: the first prompt token has none); vLLM's
+    prompt_logprobs are a field of each choice."""
+
     chunk_object = "text_completion"
     response_object = "text_completion"
 
+    def __init__(self, response_id: str, model: str, num_top_logprobs: int | None,
+                 options: OutputOptions = OutputOptions(),
+                 prompts: list[PromptTokens] | None = None):
+        super().__init__(response_id, model, num_top_logprobs, options, prompts)
+        self._echoed: set[int] = set()
+
     def chunks(self, index: int, delta: GenerationDelta, texts: dict[int, str]) -> list[dict]:
-        if not delta.text and delta.finish_reason is None:
+        echoes = self._echoes_next(index)
+        if not delta.text and delta.finish_reason is None and not echoes:
             return []
-        return [self.chunk_of([{
+        prefix, prefix_logprobs = self._echo(index, delta.prompt_logprobs, texts) if echoes \
+            else ("", None)
+        text = prefix + delta.text
+        logprobs = self._logprobs(index, delta.token_ids, delta.logprobs, texts, delta.text)
+        return [self._obfuscated(self.chunk_of([{
             "index": index,
-            "text": delta.text,
-            "logprobs": self._logprobs(index, delta.token_ids, delta.logprobs, texts, delta.text),
+            "text": text,
+            "logprobs": _joined_logprobs(prefix_logprobs, logprobs),
             "finish_reason": delta.finish_reason,
             "stop_reason": delta.stop_reason,
-        }])]
+        }]), text)]
+
+    def response(self, results: list[ChoiceResult], texts: dict[int, str],
+                 usage: UsageTotals) -> dict:
+        by_prompt = prompt_logprobs_by_prompt(results, self.options.n)
+        for index, result in enumerate(results):
+            result.prompt_logprobs = by_prompt.get(index // self.options.n, [])
+        return super().response(results, texts, usage)
 
     def choice(self, index: int, result: ChoiceResult, texts: dict[int, str]) -> dict:
-        return {
+        prefix, prefix_logprobs = self._echo(index, result.prompt_logprobs, texts) \
+            if self.options.echo else ("", None)
+        logprobs = self._logprobs(index, result.token_ids, result.logprobs, texts, result.text)
+        choice = {
             "index": index,
-            "text": result.text,
-            "logprobs": self._logprobs(index, result.token_ids, result.logprobs, texts,
-                                       result.text),
+            "text": prefix + result.text,
+            "logprobs": _joined_logprobs(prefix_logprobs, logprobs),
             "finish_reason": result.finish_reason,
             "stop_reason": result.stop_reason,
         }
+        if self.options.num_prompt_logprobs is not None:
+            choice["prompt_logprobs"] = self._prompt_logprobs(index, result.prompt_logprobs,
+                                                              texts)
+        return choice
+
+    def _echoes_next(self, index: int) -> bool:
+        return self.options.echo and index not in self._echoed
+
+    def _echo(self, index: int, positions: list[PositionLogprobs],
+              texts: dict[int, str]) -> tuple[str, dict | None]:
+        """The prompt's text, and its logprobs when logprobs are shown (the offsets of the
+        text after it then go on from its tokens')."""
+        self._echoed.add(index)
+        prompt = self._prompt_of(index)
+        if not self.wants_logprobs:
+            return prompt.prompt_text, None
+        logprobs = echo_logprobs(prompt.token_ids, positions, texts, self.num_top_logprobs)
+        self._text_offsets[index] = sum(len(token) for token in logprobs["tokens"])
+        return prompt.prompt_text, logprobs
 
     def _logprobs(self, index, token_ids, logprobs, texts, text) -> dict | None:
         if not self.wants_logprobs:

@@ -52,19 +52,15 @@ from conveyor.gateway.errors import (
 )
 from conveyor.gateway.generation_request import CHAT, COMPLETIONS, EndpointKind, GenerationRequest
 from conveyor.gateway.pipeline import Pipeline
-from conveyor.gateway.response_formats import ChoiceResult, ResponseFormat, needed_token_ids
+from conveyor.gateway.response_formats import ChoiceResult, ResponseFormat
+from conveyor.gateway.text_services import ServedModel
 from conveyor.gateway.wire import PromptInput, RenderInput
 
 # -- response stream ---------------------------------------------------------------------
 
 log = logging.getLogger("conveyor.gateway.sse")
 
-DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def encode_event(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 class Lifeline:
@@ -162,12 +158,13 @@ class _Writer:
         self.request = self._request = request
         self.started = False
         self._last: dict | None = None
+        self._fmt: ResponseFormat | None = None
 
     async def serve(self) -> None:
         request = self._request
         await request.admit()
         first = await request.start()
-        fmt = request.response_format()
+        self._fmt = fmt = request.response_format()
         if request.body.stream:
             await self._stream(fmt, first)
         else:
@@ -183,7 +180,9 @@ class _Writer:
         request.end(error if isinstance(error, RequestTimedOut) else api_error)
         if self.started:
             log.info("stream ended by an error: %s %s", api_error.status, api_error.message)
-            await self._body(encode_event(api_error.body()) + DONE, more=False)
+            fmt = self._fmt
+            await self._body(b"".join(fmt.encode(c) for c in fmt.error_chunks(api_error))
+                             + fmt.stream_end, more=False)
         else:
             await self._json(api_error.status, api_error.body(), api_error.headers)
 
@@ -192,17 +191,17 @@ class _Writer:
         await self._start(200, {"content-type": "text/event-stream; charset=utf-8",
                                 **SSE_HEADERS})
         for chunk in fmt.opening_chunks(request.body.n * len(request.usage.prompt_lengths)):
-            await self._body(encode_event(chunk))
+            await self._body(fmt.encode(chunk))
         item = first
         while item is not None:
             index, delta = item
-            texts = await self._texts(fmt, delta.token_ids, delta.logprobs)
-            for chunk in fmt.chunks(index, delta, texts):
-                await self._body(encode_event(chunk))
+            texts = await self._texts(fmt.delta_token_ids(index, delta))
+            for chunk in fmt.delta_chunks(index, delta, texts):
+                await self._body(fmt.encode(chunk))
             item = await request.next_delta()
-        if request.body.include_usage:
-            await self._body(encode_event(fmt.usage_chunk(request.usage)))
-        await self._body(DONE, more=False)
+        for chunk in fmt.closing_chunks(request.usage):
+            await self._body(fmt.encode(chunk))
+        await self._body(fmt.stream_end, more=False)
 
     async def _collect(self, fmt: ResponseFormat, first) -> None:
         request = self._request
@@ -212,16 +211,14 @@ class _Writer:
         while item is not None:
             results[item[0]].add(item[1])
             item = await request.next_delta()
-        token_ids = [i for r in results for i in r.token_ids]
-        logprobs = [p for r in results for p in r.logprobs]
-        texts = await self._texts(fmt, token_ids, logprobs)
+        texts = await self._texts(fmt.result_token_ids(results))
         await self._json(200, fmt.response(results, texts, request.usage))
 
-    async def _texts(self, fmt: ResponseFormat, token_ids, logprobs) -> dict:
-        if not fmt.wants_logprobs or not logprobs:
+    async def _texts(self, token_ids: set[int]) -> dict[int, str]:
+        """The texts of the tokens the logprobs show (none asked: no call)."""
+        if not token_ids:
             return {}
-        return await self._request.pipeline.token_texts.texts(
-            needed_token_ids(token_ids, logprobs))
+        return await self._request.pipeline.token_texts.texts(token_ids)
 
     async def _json(self, status: int, payload: dict, headers: dict[str, str] | None = None):
         body = json.dumps(payload, separators=(",", ":")).encode()
@@ -254,30 +251,42 @@ class _Writer:
 router = APIRouter()
 
 
-def _pipeline(request: Request) -> Pipeline:
+def pipeline_of(request: Request) -> Pipeline:
     return request.app.state.pipeline
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return GenerationResponse(_pipeline(request), request, body, CHAT)
+    return GenerationResponse(pipeline_of(request), request, body, CHAT)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    return GenerationResponse(_pipeline(request), request, body, COMPLETIONS)
+    return GenerationResponse(pipeline_of(request), request, body, COMPLETIONS)
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     async def work(pipeline: Pipeline) -> dict:
-        model = await pipeline.catalog.model()
-        return {"object": "list", "data": [{
-            "id": model.name, "object": "model", "created": int(time.time()),
-            "owned_by": "conveyor", "root": model.name, "max_model_len": model.max_model_len,
-        }]}
+        return {"object": "list", "data": [_model_card(await pipeline.catalog.model())]}
 
-    return await _serve_simple(request, "models", work)
+    return await serve_simple(request, "models", work)
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> Response:
+    """The model's card (as in the list), or 404 model_not_found."""
+    async def work(pipeline: Pipeline) -> dict:
+        return _model_card(await pipeline.catalog.resolve(model_id))
+
+    return await serve_simple(request, "models", work)
+
+
+def _model_card(model: ServedModel) -> dict:
+    """vLLM's model card: OpenAI's fields, root, parent and max_model_len."""
+    return {"id": model.name, "object": "model", "created": int(time.time()),
+            "owned_by": "conveyor", "root": model.name, "parent": None,
+            "max_model_len": model.max_model_len}
 
 
 @router.post("/tokenize")
@@ -293,7 +302,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
         return {"count": prompt.num_tokens, "max_model_len": model.max_model_len,
                 "tokens": prompt.token_ids}
 
-    return await _serve_simple(request, "tokenize", work, prompt_param="prompt")
+    return await serve_simple(request, "tokenize", work, prompt_param="prompt")
 
 
 @router.post("/detokenize")
@@ -302,7 +311,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
         await pipeline.catalog.resolve(body.model)
         return {"prompt": await pipeline.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
-    return await _serve_simple(request, "detokenize", work, prompt_param="tokens")
+    return await serve_simple(request, "detokenize", work, prompt_param="tokens")
 
 
 @router.get("/v1/requests/{request_id}")
@@ -313,13 +322,13 @@ async def request_timeline(request_id: str, request: Request) -> Response:
         timeline = await pipeline.timelines.get(request_id, tenant.tenant_id)
         return {"object": "request.timeline", **timeline.to_dict()}
 
-    return await _serve_simple(request, "requests", work)
+    return await serve_simple(request, "requests", work)
 
 
 @router.get("/health")
 async def health(request: Request) -> Response:
     """503 while draining or while Redis, every engine, the tokenizer or detok is down."""
-    pipeline = _pipeline(request)
+    pipeline = pipeline_of(request)
     if pipeline.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     engines, redis_up, tokenizer_up, detok_up = await asyncio.gather(
@@ -334,7 +343,7 @@ async def health(request: Request) -> Response:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    registry = _pipeline(request).metrics
+    registry = pipeline_of(request).metrics
     return Response(registry.render(), media_type=registry.content_type)
 
 
@@ -352,11 +361,11 @@ async def _redis_up(pipeline: Pipeline) -> bool:
         return False
 
 
-async def _serve_simple(request: Request, endpoint: str,
+async def serve_simple(request: Request, endpoint: str,
                         work: Callable[[Pipeline], Awaitable[dict]],
                         prompt_param: str | None = None) -> Response:
     """A unary endpoint: its metrics, and any failure as an OpenAI error body."""
-    pipeline = _pipeline(request)
+    pipeline = pipeline_of(request)
     record = pipeline.metrics.start(endpoint)
     try:
         response = JSONResponse(await work(pipeline))

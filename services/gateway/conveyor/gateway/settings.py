@@ -73,6 +73,11 @@ class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings, BatchAp
         "back: hermes (<tool_call> JSON blocks; a chat template without tool support, like the "
         "bundled model's, is given the tools in this form) or llama3_json."
     )
+    responses_ttl_s: float = Field(
+        86400.0, gt=0, description="Seconds a stored response (the Responses API's store, on by "
+        "default) and its conversation are kept for GET /v1/responses/{id} and "
+        "previous_response_id."
+    )
     max_body_bytes: int = Field(
         4 * 1024 * 1024, ge=1, description="Largest request body in bytes; a larger one gets 413 "
         "before it is read."

@@ -100,6 +100,8 @@ class SamplingOptions:
     logprobs: bool = False
     top_logprobs: int = 0
     min_tokens: int = 0
+    prompt_logprobs: int | None = None
+    """Alternatives per prompt position of the prompt's logprobs (None: none)."""
 
 
 class ConstraintKind(Enum):
@@ -147,6 +149,13 @@ class GenerateJob:
         sampling = dataclasses.replace(self.sampling, knobs=knobs)
         return dataclasses.replace(self, request_id=request_id, sampling=sampling, n=1)
 
+    def resumed(self, output_token_ids: list[int]) -> GenerateJob:
+        """This job continued on another engine after `output_token_ids` (its prompt's
+        logprobs came with its first output already)."""
+        sampling = dataclasses.replace(self.sampling, prompt_logprobs=None)
+        return dataclasses.replace(self, sampling=sampling,
+                                   resume_output_token_ids=list(output_token_ids))
+
 
 class FinishReason(Enum):
     """Why the engine stopped a request."""
@@ -158,10 +167,12 @@ class FinishReason(Enum):
 
 @dataclass(slots=True)
 class PositionLogprobs:
-    """The sampled token's logprob and the best alternatives (token id, logprob)."""
+    """The sampled (or, for a prompt position, the prompt's) token's logprob and the best
+    alternatives (token id, logprob); `rank` is given for prompt positions only (0: not)."""
 
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int = 0
 
 
 @dataclass(slots=True)
@@ -183,6 +194,8 @@ class EngineChunk:
     usage: TokenUsage
     stop_token_id: int | None = None
     index: int = 0
+    prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)
+    """With the first chunk of sample 0, when asked for: prompt positions 1 .. len - 1."""
 
 
 @dataclass(slots=True)
@@ -350,6 +363,7 @@ def sampling_params(options: SamplingOptions) -> engine_pb2.SamplingParams:
         logprobs=options.logprobs,
         top_logprobs=options.top_logprobs,
         min_tokens=options.min_tokens,
+        prompt_logprobs=options.prompt_logprobs,
     )
     for name, value in options.knobs.items():  # the proto's optional field of that name
         setattr(params, name, value)
@@ -368,12 +382,14 @@ def engine_chunk(message: engine_pb2.GenerateResponse) -> EngineChunk:
         ),
         stop_token_id=message.stop_token_id if message.HasField("stop_token_id") else None,
         index=message.index,
+        prompt_logprobs=[_position_logprobs(p) for p in message.prompt_logprobs],
     )
 
 
 def _position_logprobs(message: engine_pb2.PositionLogprobs) -> PositionLogprobs:
     return PositionLogprobs(
-        logprob=message.logprob, top=[(t.token_id, t.logprob) for t in message.top]
+        logprob=message.logprob, top=[(t.token_id, t.logprob) for t in message.top],
+        rank=message.rank,
     )
 
 

@@ -19,6 +19,8 @@ class AttentionSpec:
     head_dim: int
     scale: float
     sliding_window: int | None = None
+    dtype: torch.dtype = torch.float32
+    """The model's dtype: its queries', keys' and values' (a backend may pick kernels by it)."""
 
     @property
     def num_queries_per_kv(self) -> int:

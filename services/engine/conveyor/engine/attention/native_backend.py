@@ -9,10 +9,13 @@ heads (the cascade); on AVX2 they read it back to back while it is in cache.
 The prefill kernel (native/csrc/paged_prefill_attention.cpp) is flash attention over the
 same pool: tiles of 16 query positions times a kv head's query heads, causal over the
 request's whole context (a cached prefix and earlier chunks read in place, not gathered).
-Both take fp32 or fp16 pools (kv_cache_dtype float16: each element widened to fp32 as it is
-read) and head sizes of native_kernel.HEAD_DIMS; anything else is refused, naming the setting.
-CONVEYOR_PREFILL_ATTENTION=torch sends prefill chunks through the torch backend's gather + SDPA
-instead (A/B).
+Both read fp32, bf16 or fp16 pools (bf16: a bf16 model's; fp16: kv_cache_dtype float16; 16-bit
+elements widened to fp32 as they are read), with fp32 or bf16 queries (the model's dtype: fp32 over
+an fp32 or fp16 pool, bf16 over a bf16 or fp16 one), and head sizes of native_kernel.HEAD_DIMS;
+anything else is refused, naming the setting. All their arithmetic is fp32.
+Prefill chunks of a bf16 model on a CPU with AMX go through the torch backend's gather + SDPA
+instead (torch's bf16 SDPA runs on AMX tiles, faster than the kernel's fp32 arithmetic);
+CONVEYOR_PREFILL_ATTENTION forces either way (A/B).
 """
 
 from __future__ import annotations
@@ -30,14 +33,17 @@ from conveyor.engine.attention.native_kernel import (
     PREFILL_PATHS,
     load_decode_kernel,
     prefill_path_from_env,
+    resolve_prefill_path,
 )
 from conveyor.engine.attention.torch_backend import TorchAttentionBackend
 from conveyor.engine.attention.torch_plan import TorchAttentionPlan, build_plan
 
 log = logging.getLogger("conveyor.engine.attention")
 
-POOL_DTYPES = (torch.float32, torch.float16)
-"""The pools the kernels read (float16: kv_cache_dtype float16, widened as read)."""
+POOL_DTYPES = {torch.float32: (torch.float32, torch.float16),
+               torch.bfloat16: (torch.bfloat16, torch.float16)}
+"""The model dtypes the kernels take (queries, keys, values) and the pools each reads (float16:
+kv_cache_dtype float16, widened as read)."""
 
 
 @dataclass(slots=True)
@@ -80,7 +86,8 @@ class NativeAttentionBackend:
     def __init__(self, spec: AttentionSpec, kernel_path: str = "auto",
                  prefill_path: str | None = None) -> None:
         """kernel_path: a key of native_kernel.KERNEL_PATHS (auto: the best this CPU runs);
-        prefill_path: one of PREFILL_PATHS (None: CONVEYOR_PREFILL_ATTENTION, else native)."""
+        prefill_path: one of PREFILL_PATHS or auto (None: CONVEYOR_PREFILL_ATTENTION, else
+        auto; resolve_prefill_path)."""
         if spec.head_dim not in HEAD_DIMS:
             raise ValueError(f"attention backend native supports head_dim {HEAD_DIMS}, the "
                              f"model has {spec.head_dim}; set attention_backend torch")
@@ -88,6 +95,7 @@ class NativeAttentionBackend:
         self._kernel = load_decode_kernel()
         self.use_kernel_path(kernel_path)
         prefill_path = prefill_path_from_env() if prefill_path is None else prefill_path
+        prefill_path = resolve_prefill_path(prefill_path, spec.dtype)
         if prefill_path not in PREFILL_PATHS:
             raise ValueError(f"prefill_path {prefill_path!r} is not one of "
                              f"{tuple(PREFILL_PATHS)}")
@@ -98,10 +106,12 @@ class NativeAttentionBackend:
         self._torch = TorchAttentionBackend(spec)
         wide = prefill_path == "native-avx512" or (prefill_path == "native"
                                                     and self._kernel.has_avx512())
-        prefill = ("torch SDPA" if self._prefill_isa is None
-                   else f"its prefill kernel ({'avx512' if wide else 'avx2'})")
+        self.prefill_kernel = ("torch SDPA" if self._prefill_isa is None
+                               else "avx512" if wide else "avx2")
+        """What prefill chunks run through: the prefill kernel's path, or torch SDPA."""
         log.info("attention backend native: decode tokens through the C++ kernel %s (%s), "
-                 "prefill chunks through %s", self._kernel.__file__, self.kernel_path, prefill)
+                 "prefill chunks through %s", self._kernel.__file__, self.kernel_path,
+                 self.prefill_kernel)
 
     def use_kernel_path(self, kernel_path: str) -> None:
         """Decode through `kernel_path` from now on (a key of native_kernel.KERNEL_PATHS)."""
@@ -137,10 +147,11 @@ class NativeAttentionBackend:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, plan: NativeAttentionPlan) -> torch.Tensor:
-        if kv_cache.dtype not in POOL_DTYPES:
-            raise ValueError(f"attention backend native needs a float32 or float16 KV pool, "
-                             f"got {kv_cache.dtype}; set dtype float32 or attention_backend "
-                             "torch")
+        if kv_cache.dtype not in POOL_DTYPES.get(query.dtype, ()):
+            raise ValueError(f"attention backend native does not read {query.dtype} queries "
+                             f"over a {kv_cache.dtype} KV pool (float32 over float32 or "
+                             "float16, bfloat16 over bfloat16 or float16); set dtype float32 or "
+                             "bfloat16, or attention_backend torch")
         self._kernel.store_kv(kv_cache, _heads_contiguous(key), _heads_contiguous(value),
                               plan.slot_mapping)
         if plan.prefill is None:

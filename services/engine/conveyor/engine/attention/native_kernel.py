@@ -29,12 +29,24 @@ benchmarks and the tests that cover every path on an AVX-512 machine."""
 PREFILL_PATHS = {"native": 0, "native-avx2": 1, "native-avx512": 2, "torch": None}
 """Where the backend sends prefill chunks (the A/B switch CONVEYOR_PREFILL_ATTENTION): its
 prefill kernel on the widest path the CPU runs (native) or on one forced, by the kernel's `isa`
-argument; or the torch backend's gather + SDPA (torch)."""
+argument; or the torch backend's gather + SDPA (torch). `auto` resolves to one of them
+(resolve_prefill_path)."""
 
 
 def prefill_path_from_env() -> str:
-    """CONVEYOR_PREFILL_ATTENTION (native when unset; native/switches.py)."""
+    """CONVEYOR_PREFILL_ATTENTION (auto when unset; native/switches.py)."""
     return switch("CONVEYOR_PREFILL_ATTENTION")
+
+
+def resolve_prefill_path(path: str, dtype: torch.dtype) -> str:
+    """`path` with auto resolved for a model of `dtype`: torch's SDPA for bf16 on a CPU with
+    AMX (torch runs bf16 SDPA as oneDNN brgemm on AMX tiles: 1.1-2.9x the native kernel's fp32
+    arithmetic over bf16 rows, bench/prefill_attention.py --dtype bfloat16), else native."""
+    from conveyor.engine.native.cpu_features import cpu_features
+
+    if path != "auto":
+        return path
+    return "torch" if dtype == torch.bfloat16 and cpu_features().amx else "native"
 
 
 def load_decode_kernel() -> ModuleType:

@@ -61,7 +61,8 @@ def random_step(*, block_size: int, num_kv_heads: int, group: int, head_dim: int
         starts.append(starts[-1] + new)
     num_tokens = len(slots)
     num_heads = num_kv_heads * group
-    spec = AttentionSpec(num_heads, num_kv_heads, head_dim, head_dim ** -0.5, sliding_window)
+    spec = AttentionSpec(num_heads, num_kv_heads, head_dim, head_dim ** -0.5, sliding_window,
+                         dtype)
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots), positions=torch.tensor(positions),
         token_request=torch.tensor(owner), query_start_loc=torch.tensor(starts),

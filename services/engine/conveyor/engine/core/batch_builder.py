@@ -40,6 +40,7 @@ class BatchBuilder:
             sampling_params=request.sampling_params,
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
+            grammar=request.grammar.matcher if request.grammar is not None else None,
         )
         self._scheduled[request.request_id] = scheduled
         self.token_budget -= num_tokens

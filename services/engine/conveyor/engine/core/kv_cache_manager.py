@@ -55,9 +55,11 @@ class KVCacheManager:
 
         Never covers the last token: at least one token is computed so the step
         has logits to sample from. Each hit is confirmed against the block's
-        stored key; the first miss ends the prefix. Takes no references.
+        stored key; the first miss ends the prefix. Takes no references. A request
+        that asked for prompt logprobs gets no hit (a cached position has no logits;
+        vLLM does the same); its blocks are still cached for others.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         num_blocks = (request.num_tokens - 1) // self.block_size
         self._extend_block_hashes(request, num_blocks)

@@ -5,9 +5,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from conveyor.engine.request_timing import RequestTiming
 from conveyor.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from conveyor.engine.structured.request_grammar import RequestGrammar
 
 
 class FinishReason(enum.Enum):
@@ -70,6 +74,9 @@ class Request:
     sample_index: int = 0
     timing: RequestTiming = field(default_factory=lambda: RequestTiming(time.monotonic()))
     """When things happened to it (EngineCore writes it; its trace spans are cut from it)."""
+    grammar: RequestGrammar | None = None
+    """Its structured-output constraint (sampling_params.structured_outputs) once EngineCore
+    has asked for its grammar; the scheduler passes the request over until it has started."""
 
     @property
     def caller_id(self) -> str:
@@ -109,6 +116,11 @@ class Request:
     @property
     def is_waiting(self) -> bool:
         return self.status is RequestStatus.WAITING or self.status is RequestStatus.PREEMPTED
+
+    @property
+    def is_awaiting_grammar(self) -> bool:
+        """Constrained, and its grammar has not compiled yet (vLLM's WAITING_FOR_FSM)."""
+        return self.grammar is not None and not self.grammar.is_started
 
     @property
     def may_be_shed(self) -> bool:

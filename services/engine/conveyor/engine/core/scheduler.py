@@ -230,15 +230,22 @@ class Scheduler:
         self.waiting.add(victim)
 
     def _schedule_waiting(self, batch: BatchBuilder) -> None:
-        while self.waiting and batch.token_budget > 0:
-            request = self.waiting.peek()
+        """Admit waiting requests in order while they fit. A request still waiting for its
+        grammar is passed over: those behind it may run meanwhile."""
+        num_passed = 0
+        while num_passed < len(self.waiting) and batch.token_budget > 0:
+            request = self.waiting.peek(num_passed)
+            if request.is_awaiting_grammar:
+                num_passed += 1
+                continue
             if request.request_id in batch.preempted_request_ids:
                 break  # everything behind a request preempted this step ranks below it
             if not self._admit(request, batch):
                 break
 
     def _admit(self, request: Request, batch: BatchBuilder) -> bool:
-        """Move the head of the waiting queue to running with its first chunk scheduled."""
+        """Move a waiting request (the first not waiting for its grammar) to running with its
+        first chunk scheduled."""
         if self._no_seq_for(request):
             return False
         hits, num_hit_tokens = self.kv.get_computed_blocks(request)
@@ -249,7 +256,7 @@ class Scheduler:
             return False
         if self.kv.allocate_slots(request, num_tokens, hits) is None:
             return False
-        self.waiting.pop()
+        self.waiting.remove(request)
         self.running.append(request)
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_hit_tokens
@@ -302,6 +309,8 @@ class Scheduler:
 
     def _append_token(self, request: Request, sampled: SampledToken) -> RequestUpdate:
         request.output_token_ids.append(sampled.token_id)
+        if request.grammar is not None:
+            request.grammar.accept(sampled.token_id)
         reason = check_finished(request, self.eos_token_ids, self.config.max_model_len)
         if reason is not None:
             self._finish(request, reason)

@@ -8,8 +8,12 @@ they are valid only until the scheduler's next `schedule()` call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from conveyor.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from conveyor.engine.structured.grammar_matcher import GrammarMatcher
 
 
 @dataclass(slots=True)
@@ -33,6 +37,9 @@ class ScheduledRequest:
     sampling_params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]
+    grammar: GrammarMatcher | None = None
+    """A constrained request's matcher, at its output so far: the sampler masks the tokens
+    it does not allow."""
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -75,7 +82,20 @@ class SampledToken:
 
 
 @dataclass(slots=True)
+class PromptTokenLogprob:
+    """A prompt token's logprob given the tokens before it, its rank (1: the most likely)
+    and the `top` alternatives (token_id, logprob), most likely first."""
+
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class ModelRunnerOutput:
     """Sampled tokens by request id; requests with needs_sample=False are absent."""
 
     sampled: dict[str, SampledToken] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[PromptTokenLogprob]] = field(default_factory=dict)
+    """For requests that asked for prompt logprobs, those of the prompt positions this
+    step computed (in order; see worker/prompt_logprobs.py)."""

@@ -14,11 +14,15 @@ def check_finished(
 
     EOS (unless ignore_eos) and stop_token_ids count only once min_tokens are out;
     they win over the length limits, so an EOS that is also the max_tokens-th
-    token reports "stop".
+    token reports "stop". A constrained request stops at EOS whatever ignore_eos and
+    min_tokens say: its grammar allows EOS only where the output is a whole match, and
+    nothing after it.
     """
     params = request.sampling_params
     num_output = len(request.output_token_ids)
     last = request.output_token_ids[-1]
+    if request.grammar is not None and last in eos_token_ids:
+        return FinishReason.STOP
     if num_output >= params.min_tokens:
         if not params.ignore_eos and last in eos_token_ids:
             return FinishReason.STOP

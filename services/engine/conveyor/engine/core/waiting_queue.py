@@ -50,14 +50,9 @@ class WaitingQueue:
         insort(self._requests, request, key=scheduling_order)
         self.num_tokens += request.num_tokens_to_compute
 
-    def peek(self) -> Request:
-        """The next request to admit; IndexError when empty."""
-        return self._requests[0]
-
-    def pop(self) -> Request:
-        request = self._requests.pop(0)
-        self.num_tokens -= request.num_tokens_to_compute
-        return request
+    def peek(self, index: int = 0) -> Request:
+        """The request `index` places behind the next one to admit; IndexError past the end."""
+        return self._requests[index]
 
     def remove(self, request: Request) -> bool:
         """Take a request out wherever it stands; False if it is not queued."""

@@ -2,11 +2,12 @@
 
 `add_rms_norm_` (the residual add and the next RMSNorm), `rms_norm`, `rotate_` (rotary
 on q and k in place) and `silu_and_mul` (the MLP's SwiGLU on the gate_up projection's
-output) run native/csrc/fused_layer_ops.cpp on float32 CPU tensors when it is built (once,
-cached: native/loader.py), and the torch ops they replace everywhere else (GPU, bfloat16,
+output) run native/csrc/fused_layer_ops.cpp on float32 and bfloat16 CPU tensors when it is built
+(once, cached: native/loader.py), and the torch ops they replace everywhere else (GPU, float16,
 no compiler). The torch versions are the reference the tests hold the C++ to: the add and
 the rotation bit for bit, the norm within float32 rounding, SwiGLU within ~1e-6 relative
-(its own vector exp).
+(its own vector exp); in bf16 (computed in fp32, rounded where torch's bf16 ops round) the add
+and the rotation bit for bit, the norm and SwiGLU within an ulp of bf16.
 """
 
 from __future__ import annotations
@@ -58,8 +59,11 @@ def native_ops() -> ModuleType | None:
     return module
 
 
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def _native_for(x: torch.Tensor) -> ModuleType | None:
-    if x.device.type != "cpu" or x.dtype != torch.float32:
+    if x.device.type != "cpu" or x.dtype not in NATIVE_DTYPES:
         return None
     return native_ops()
 
@@ -74,7 +78,7 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of x [T, H]."""
     native = _native_for(x)
-    if native is None or x.dim() != 2 or x.stride(-1) != 1:
+    if native is None or x.dim() != 2 or x.stride(-1) != 1 or weight.dtype != x.dtype:
         return rms_norm_torch(x, weight, eps)
     return native.rms_norm(x, weight, eps)
 
@@ -84,7 +88,8 @@ def add_rms_norm_(residual: torch.Tensor, delta: torch.Tensor, weight: torch.Ten
     """`residual += delta` in place, then the RMSNorm of the sum (a new tensor)."""
     native = _native_for(residual)
     if (native is None or residual.dim() != 2 or residual.stride(-1) != 1
-            or delta.stride(-1) != 1 or delta.dtype != residual.dtype):
+            or delta.stride(-1) != 1 or delta.dtype != residual.dtype
+            or weight.dtype != residual.dtype):
         return rms_norm_torch(residual.add_(delta), weight, eps)
     return native.add_rms_norm_(residual, delta, weight, eps)
 

@@ -26,10 +26,11 @@ def resolve_checkpoint(model: str | Path) -> Path:
     return source.hf_dir
 
 
-def attention_spec(config: ModelConfig) -> AttentionSpec:
+def attention_spec(config: ModelConfig, dtype: torch.dtype = torch.float32) -> AttentionSpec:
     return AttentionSpec(num_heads=config.num_attention_heads,
                          num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
-                         scale=config.head_dim ** -0.5, sliding_window=config.sliding_window)
+                         scale=config.head_dim ** -0.5, sliding_window=config.sliding_window,
+                         dtype=dtype)
 
 
 def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32,
@@ -45,7 +46,7 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32,
     """
     folder = resolve_checkpoint(path)
     config = ModelConfig.from_folder(folder)
-    backend = create_backend(attention_backend, attention_spec(config))
+    backend = create_backend(attention_backend, attention_spec(config, dtype))
     with torch.device("meta"):
         model = LlamaForCausalLM(config, backend)
     model = model.to_empty(device=device).to(dtype)

@@ -369,12 +369,19 @@ def _log_exactness(model: nn.Module) -> None:
                 "(100%% for a checkpoint already in these blocks)", 100 * exact / total)
 
 
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
 def describe_weight_format(model: nn.Module) -> str:
     """The formats the model's linears read in decode steps, e.g. "q4_1 (lm_head q8_0)",
-    with the bytes one decode step reads; "fp32" when none is quantized."""
+    with the bytes one decode step reads; the linears' dtype ("fp32", "bf16") when none is
+    quantized."""
     layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
     if not layers:
-        return "fp32"
+        dense = [m.weight for m in model.modules() if isinstance(m, CpuLinear | nn.Linear)]
+        names = sorted({DTYPE_NAMES.get(w.dtype, str(w.dtype)) for w in dense}) or ["fp32"]
+        total = sum(w.nbytes for w in dense)
+        return f"{'/'.join(names)}, {total / 1e6:.0f} MB of weights per decode step"
     head = layers.pop("lm_head", None)
     formats = sorted({m.weight_format for m in layers.values()})
     text = "/".join(formats)

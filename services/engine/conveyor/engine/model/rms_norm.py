@@ -10,7 +10,7 @@ from conveyor.engine.model.fused_ops import add_rms_norm_, rms_norm
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in fp32 and cast back (as transformers does); one C++
-    pass on float32 CPU tensors (fused_ops.py)."""
+    pass on float32 and bfloat16 CPU tensors (fused_ops.py)."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()

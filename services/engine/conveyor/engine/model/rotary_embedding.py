@@ -79,6 +79,7 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate [T, H, D] by the looked-up angles (rotate-half layout): in place on float32
-    CPU tensors (one C++ loop, fused_ops.py), else into a new tensor; returns the result."""
+    """Rotate [T, H, D] by the looked-up angles (rotate-half layout): in place on float32 and
+    bfloat16 CPU tensors (one C++ loop, fused_ops.py), else into a new tensor; returns the
+    result."""
     return rotate_(x, cos, signed_sin)

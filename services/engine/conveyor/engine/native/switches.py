@@ -21,17 +21,24 @@ SWITCHES = MappingProxyType({
     "CONVEYOR_FP32_GEMV": Switch(
         ("auto", "avx2", "avx512", "off"),
         "fp32 decode steps of up to 4 rows (AVX2) or 16 (AVX-512) through the streaming GEMV "
-        "(native/csrc/fp32_gemv.cpp): auto takes AVX-512 where the CPU has it, avx2/avx512 force "
+        "(native/csrc/gemv.cpp): auto takes AVX-512 where the CPU has it, avx2/avx512 force "
         "a path, off leaves every step to oneDNN/MKL."),
+    "CONVEYOR_BF16_GEMV": Switch(
+        ("auto", "avx2", "avx512", "avx512-bf16", "off"),
+        "bf16 decode steps of up to 2-4 rows through the streaming GEMV (native/csrc/gemv.cpp): "
+        "auto takes the widest path the CPU has (avx512-bf16: vdpbf16ps; avx512, avx2: bf16 "
+        "widened to fp32 as loaded), the others force a path, off leaves every step to oneDNN."),
     "CONVEYOR_SWIGLU": Switch(
         ("auto", "avx2", "avx512", "off"),
         "The MLP's silu(gate) * up in one C++ pass (fused_layer_ops.cpp): auto takes AVX-512 "
         "where the CPU has it, avx2/avx512 force a path, off keeps torch's silu and mul."),
     "CONVEYOR_PREFILL_ATTENTION": Switch(
-        ("native", "native-avx2", "native-avx512", "torch"),
+        ("auto", "native", "native-avx2", "native-avx512", "torch"),
         "With attention backend native, prefill chunks through its C++ flash kernel reading "
         "the KV pool in place (native: AVX-512 where the CPU has it, else AVX2; native-avx2 / "
-        "native-avx512 force a path), or through the torch backend's gather + SDPA (torch)."),
+        "native-avx512 force a path), or through the torch backend's gather + SDPA (torch); "
+        "auto: torch for a bf16 model on a CPU with AMX (torch's bf16 SDPA runs on AMX tiles, "
+        "1.1-2.9x the kernel's fp32 arithmetic), native otherwise."),
 })
 
 

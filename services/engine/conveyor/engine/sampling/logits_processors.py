@@ -11,7 +11,22 @@ from __future__ import annotations
 
 import torch
 
-from conveyor.engine.sampling.sampling_batch import PenaltyInputs, SamplingBatch, TokenMask
+from conveyor.engine.sampling.sampling_batch import (
+    GrammarMask,
+    PenaltyInputs,
+    SamplingBatch,
+    TokenMask,
+)
+
+
+def apply_grammar_mask(logits: torch.Tensor, mask: GrammarMask) -> None:
+    """-inf at every token a constrained row's grammar does not allow, all rows in one op;
+    unconstrained rows are left alone."""
+    if mask.covers_batch:
+        logits.masked_fill_(mask.disallowed, float("-inf"))
+        return
+    rows = logits.index_select(0, mask.rows).masked_fill_(mask.disallowed, float("-inf"))
+    logits.index_copy_(0, mask.rows, rows)
 
 
 def apply_token_mask(logits: torch.Tensor, mask: TokenMask) -> None:

@@ -12,9 +12,12 @@ from conveyor.engine.sampling.sampling_batch import SamplingBatch
 
 
 class Sampler:
-    """Greedy, temperature, min_p, top_k, top_p; penalties, logit_bias, min_tokens.
+    """Greedy, temperature, min_p, top_k, top_p; penalties, logit_bias, min_tokens;
+    structured-output masks.
 
-    Order (vLLM's): raw logprobs are taken first (what logprobs report); then
+    Order (vLLM's): a constrained row's grammar mask comes first; then logprobs are
+    taken (what logprobs report: the model's distribution, renormalised over the tokens
+    the grammar allows on a constrained row, so a masked alternative has -inf); then
     min_tokens masking, logit_bias and penalties; greedy rows take the argmax
     here; the rest are divided by temperature, filtered by min_p, top_k, top_p
     and drawn by an exponential race (argmax of p / Exp(1) noise), which is a
@@ -38,6 +41,9 @@ class Sampler:
         """logits [N, V], row i for requests[i]; returns one SampledToken per row."""
         batch = SamplingBatch.from_requests(requests, self.eos_token_ids, self.vocab_size,
                                             logits.device)
+        if batch.grammar_mask is not None:
+            logits = logits.float().clone()
+            lp.apply_grammar_mask(logits, batch.grammar_mask)
         raw_logprobs = logits.float().log_softmax(dim=-1) if batch.needs_logprobs else None
         if batch.all_greedy and not batch.has_processors:
             tokens = logits.argmax(dim=-1)  # nothing modifies the logits: no copy

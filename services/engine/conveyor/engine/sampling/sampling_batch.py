@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from conveyor.common.sampling_fields import DEFAULTS
@@ -22,6 +23,16 @@ class TokenMask:
     rows: torch.Tensor
     tokens: torch.Tensor
     values: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class GrammarMask:
+    """The tokens the constrained rows may not take next: `disallowed[k, t]` for row
+    `rows[k]`; `covers_batch` when every row of the batch is constrained (then rows[k] = k)."""
+
+    rows: torch.Tensor
+    disallowed: torch.Tensor
+    covers_batch: bool
 
 
 @dataclass(slots=True)
@@ -51,6 +62,7 @@ class SamplingBatch:
     penalties: PenaltyInputs | None
     logit_bias: TokenMask | None
     min_tokens_mask: TokenMask | None
+    grammar_mask: GrammarMask | None
     seeds: list[tuple[int, int]]
     """(row, generator seed) for rows with a per-request seed."""
     max_top_logprobs: int
@@ -86,6 +98,7 @@ class SamplingBatch:
             penalties=_penalty_inputs(requests, vocab_size, device),
             logit_bias=_logit_bias(params, device),
             min_tokens_mask=_min_tokens_mask(requests, eos_token_ids, device),
+            grammar_mask=_grammar_mask(requests, vocab_size, device),
             seeds=[(row, seed_for_position(r.sampling_params.seed, len(r.output_token_ids)))
                    for row, r in enumerate(requests) if r.sampling_params.seed is not None],
             max_top_logprobs=max((p.top_logprobs for p in params), default=0),
@@ -99,7 +112,10 @@ def _on_device(values, device: torch.device, dtype: torch.dtype | None = None) -
     """`values` as a tensor on `device`. On CUDA it goes up from pinned memory without
     blocking: torch.tensor(..., device="cuda") synchronises the stream, which made a
     step wait for the device once per sampling tensor."""
-    tensor = torch.tensor(values, dtype=dtype)
+    return _moved(torch.tensor(values, dtype=dtype), device)
+
+
+def _moved(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
@@ -151,11 +167,14 @@ def _logit_bias(params, device: torch.device) -> TokenMask | None:
 
 def _min_tokens_mask(requests: Sequence[ScheduledRequest], eos_token_ids: Sequence[int],
                      device: torch.device) -> TokenMask | None:
-    """EOS (unless ignore_eos) and stop ids of rows still short of min_tokens."""
+    """EOS (unless ignore_eos) and stop ids of rows still short of min_tokens; not for a
+    row whose constraint is complete (EOS is all its grammar allows)."""
     pairs = []
     for row, r in enumerate(requests):
         p = r.sampling_params
         if len(r.output_token_ids) >= p.min_tokens:
+            continue
+        if r.grammar is not None and r.grammar.is_complete:
             continue
         stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
         pairs.extend((row, token) for token in stops)
@@ -163,3 +182,36 @@ def _min_tokens_mask(requests: Sequence[ScheduledRequest], eos_token_ids: Sequen
         return None
     rows, tokens = zip(*pairs, strict=True)
     return TokenMask(_on_device(rows, device), _on_device(tokens, device))
+
+
+def _grammar_mask(requests: Sequence[ScheduledRequest], vocab_size: int,
+                  device: torch.device) -> GrammarMask | None:
+    """Each constrained row's next-token mask, filled by its matcher on the host as bits
+    (token t at bit t % 32 of int32 word t // 32), one bool per token on `device`."""
+    rows = [row for row, r in enumerate(requests) if r.grammar is not None]
+    if not rows:
+        return None
+    bitmask = np.empty((len(rows), (vocab_size + 31) // 32), dtype=np.int32)
+    for k, row in enumerate(rows):
+        requests[row].grammar.fill_bitmask(bitmask[k])
+    return GrammarMask(_on_device(rows, device), _disallowed(bitmask, vocab_size, device),
+                       covers_batch=len(rows) == len(requests))
+
+
+def _disallowed(bitmask: np.ndarray, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """The cleared bits of `bitmask` as bools [rows, vocab_size] on `device`. On the CPU
+    numpy unpacks them (a third of the time torch's shifts took, 2.2 -> 0.8 ms for 16 rows
+    of the bundled model's vocabulary); elsewhere the packed words go up (32x fewer bytes)
+    and are unpacked there. Little-endian word layout, as on every host torch runs on."""
+    if device.type == "cpu":
+        bits = np.unpackbits(np.invert(bitmask).view(np.uint8), axis=1, bitorder="little")
+        return torch.from_numpy(bits[:, :vocab_size].view(np.bool_))
+    return unpack_disallowed(_moved(torch.from_numpy(bitmask), device), vocab_size)
+
+
+def unpack_disallowed(packed: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The cleared bits of int32 words [rows, words] as bools [rows, vocab_size], with torch
+    ops on the words' device."""
+    shifts = torch.arange(32, dtype=torch.int32, device=packed.device)
+    bits = (packed.unsqueeze(-1) >> shifts) & 1
+    return bits.view(packed.shape[0], -1)[:, :vocab_size] == 0

@@ -14,6 +14,7 @@ from conveyor.engine.worker import kv_sizing
 from conveyor.engine.worker.cuda_graphs import DecodeGraphs, capture_sizes
 from conveyor.engine.worker.kv_cache import allocate_kv_caches, kv_bytes_per_block
 from conveyor.engine.worker.profile_step import profiling_step
+from conveyor.engine.worker.prompt_logprobs import prompt_logprobs
 from conveyor.engine.worker.runner_config import RunnerConfig
 from conveyor.engine.worker.step_inputs import StepInputBuilder, StepInputs
 
@@ -61,17 +62,20 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step: write the new K/V, sample where a request needs a token."""
+        """Run one step: write the new K/V, sample where a request needs a token, and
+        take the prompt logprobs of the requests that asked for them."""
         if output.is_empty:
             return ModelRunnerOutput()
-        inputs, logits = self._logits(output)
+        inputs, hidden = self._hidden(output)
+        logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
+        prompt = prompt_logprobs(output, hidden, self.model.compute_logits)
         if not inputs.sample_requests:
             self.inputs.fence.wait()
-            return ModelRunnerOutput()
+            return ModelRunnerOutput(prompt_logprobs=prompt)
         sampled = self.sampler.sample(logits, inputs.sample_requests)
         self.inputs.fence.mark_complete()  # reading the tokens waited for the stream
         return ModelRunnerOutput({r.request_id: token for r, token
-                                  in zip(inputs.sample_requests, sampled, strict=True)})
+                                  in zip(inputs.sample_requests, sampled, strict=True)}, prompt)
 
     @torch.inference_mode()
     def compute_logits(self, output: SchedulerOutput) -> torch.Tensor:
@@ -80,15 +84,18 @@ class ModelRunner:
         return self._logits(output)[1].float()
 
     def _logits(self, output: SchedulerOutput) -> tuple[StepInputs, torch.Tensor]:
-        """The step's inputs and the logits [N, V] of its sampling rows: replayed from a
+        """The step's inputs and the logits [N, V] of its sampling rows."""
+        inputs, hidden = self._hidden(output)
+        return inputs, self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
+
+    def _hidden(self, output: SchedulerOutput) -> tuple[StepInputs, torch.Tensor]:
+        """The step's inputs and its final hidden states [T, hidden]: replayed from a
         CUDA graph for a decode step within a captured size, else run eagerly."""
         size = self.decode_graphs.bucket_for(output) if self.decode_graphs else None
         if size is None:
             inputs = self.inputs.build(output)
-            hidden = self._forward(inputs)()
-        else:
-            inputs, hidden = self.decode_graphs.run(output, size)
-        return inputs, self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
+            return inputs, self._forward(inputs)()
+        return self.decode_graphs.run(output, size)
 
     def _forward(self, inputs: StepInputs):
         """The forward pass over `inputs` as a zero-argument call (plan built now)."""

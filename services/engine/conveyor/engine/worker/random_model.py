@@ -40,7 +40,7 @@ def random_llama(shape: str, *, dtype: torch.dtype = torch.float32,
     config = SHAPES[shape]
     with torch.device("meta"):
         model = LlamaForCausalLM(config, create_backend(attention_backend,
-                                                        attention_spec(config)))
+                                                        attention_spec(config, dtype)))
     model = model.to_empty(device=device).to(dtype)
     generator = torch.Generator(device).manual_seed(seed)
     for name, param in model.named_parameters():

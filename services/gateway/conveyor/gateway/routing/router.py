@@ -2,9 +2,9 @@
 
 Order of preference when picking:
 
-1. **Session affinity.** A request with a session key (X-Session-ID, else the
-   body's `user`) goes to the engine its session is bound to, which holds the
-   conversation's prefix cache. The binding moves only when that engine is gone
+1. **Session affinity.** A request with a session key (X-Session-ID, else the body's
+   `prompt_cache_key`, else its `user`) goes to the engine its session is bound to,
+   which holds the conversation's prefix cache. The binding moves only when that engine is gone
    from the registry, or overloaded while another engine is not.
 2. **Prefix hint.** Otherwise (and when a session is first bound) the longest
    of the prompt's leading full blocks that some live engine served recently

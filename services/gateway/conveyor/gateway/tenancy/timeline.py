@@ -21,6 +21,7 @@ found, so ids of other tenants' requests cannot be probed.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
@@ -78,6 +79,10 @@ class RequestTimeline:
     num_moves: int | None = None
     """Times a generation moved to another engine after its engine failed mid-stream."""
     finish_reason: str | None = None
+    metadata: str | None = None
+    """The request's metadata (JSON text of its key-value pairs)."""
+    safety_identifier: str | None = None
+    """The caller's identifier of its end user (OpenAI's safety_identifier)."""
 
     @property
     def time_to_first_token_s(self) -> float | None:
@@ -89,7 +94,8 @@ class RequestTimeline:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON body of GET /v1/requests/{id}."""
-        return {**asdict(self), "time_to_first_token_s": self.time_to_first_token_s,
+        return {**asdict(self), "metadata": json.loads(self.metadata) if self.metadata else None,
+                "time_to_first_token_s": self.time_to_first_token_s,
                 "duration_s": self.duration_s}
 
 
@@ -129,7 +135,8 @@ class TimelineDraft:
 
     def record(self, **values: int | str) -> None:
         """Keep usage and outcome for the next write: num_prompt_tokens,
-        num_completion_tokens, num_cached_tokens, engine_id, num_moves, finish_reason."""
+        num_completion_tokens, num_cached_tokens, engine_id, num_moves, finish_reason,
+        and what the request says of itself: metadata, safety_identifier."""
         _check_recordable(values)
         self._values.update(values)
 

@@ -1,8 +1,8 @@
 // What the engine's C++ kernels share: the CPU features that pick their code paths, the
 // 8-lane horizontal sum, the 16-lane sums of four vectors at once and tail masks. The libraries are
-// built for AVX2 + FMA + F16C (loader.py's CPU_CFLAGS); their AVX-512 functions carry
-// target attributes and run only where cpu_has_avx512() says so, so one build (an image's)
-// runs on either kind of host.
+// built for AVX2 + FMA + F16C (loader.py's CPU_CFLAGS); their AVX-512 (and AVX512-BF16) functions
+// carry target attributes and run only where cpu_has_avx512() (cpu_has_avx512_bf16()) says so,
+// so one build (an image's) runs on any of these hosts.
 #pragma once
 
 #include <immintrin.h>
@@ -14,6 +14,9 @@
 // The target attribute of the kernels' AVX-512 functions (and of what they inline).
 #define CONVEYOR_AVX512 \
   __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+// ... and of those that use the bf16 dot products (vdpbf16ps: Cooper Lake, Sapphire Rapids, Zen 4).
+#define CONVEYOR_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 
 namespace conveyor_native {
 
@@ -37,6 +40,10 @@ inline bool cpu_has_avx512_vnni() {
   return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
 }
 
+inline bool cpu_has_avx512_bf16() {
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
 // kIsaAuto, kIsaAvx2 or kIsaAvx512 -> the path that runs (kIsaAvx2 or kIsaAvx512); refuses a
 // value out of range and a path this CPU lacks. `kernel` names the caller in the message.
 inline int64_t resolve_isa(int64_t isa, const char* kernel) {
@@ -51,6 +58,21 @@ inline int64_t resolve_isa(int64_t isa, const char* kernel) {
 
 inline std::string isa_name(int64_t isa, const char* kernel) {
   return resolve_isa(isa, kernel) == kIsaAvx512 ? "avx512" : "avx2";
+}
+
+// The bf16 kernels' paths: kIsaAvx512Bf16 multiplies bf16 pairs in vdpbf16ps; the others widen
+// bf16 to fp32 and use FMAs (kIsaAvx512, kIsaAvx2).
+constexpr int64_t kIsaAvx512Bf16 = 3;
+
+// kIsaAuto .. kIsaAvx512Bf16 -> the path that runs: auto takes the widest this CPU has; a forced
+// path this CPU lacks is refused.
+inline int64_t resolve_bf16_isa(int64_t isa, const char* kernel) {
+  TORCH_CHECK(isa >= kIsaAuto && isa <= kIsaAvx512Bf16,
+              "isa must be 0 (auto), 1 (AVX2), 2 (AVX-512) or 3 (AVX512-BF16), got ", isa);
+  if (isa == kIsaAuto && cpu_has_avx512_bf16()) return kIsaAvx512Bf16;
+  if (isa != kIsaAvx512Bf16) return resolve_isa(isa, kernel);
+  TORCH_CHECK(cpu_has_avx512_bf16(), "AVX512-BF16 asked for but this CPU lacks avx512bf16");
+  return isa;
 }
 
 inline float horizontal_sum(__m256 v) {

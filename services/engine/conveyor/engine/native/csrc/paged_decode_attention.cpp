@@ -1,7 +1,9 @@
 // Decode attention (one query token per sequence) read in place from the paged KV pool.
 //
-// Pool layout (attention/__init__.py): kv_cache [2, num_blocks, block_size, Hkv, D], fp32 or
-// fp16 (widened to fp32 as it is loaded; the cascade widens a shared block once for its group).
+// Pool layout (attention/__init__.py): kv_cache [2, num_blocks, block_size, Hkv, D], fp32, fp16
+// or bf16 (widened to fp32 as it is loaded; the cascade widens a shared 16-bit block once for its
+// group). Queries and outputs are fp32 or bf16 (a bf16 model's), read into fp32 scratch and
+// written back rounded; all arithmetic is fp32.
 // Work items are (sequence, kv head) pairs, split into contiguous ranges over the intra-op
 // threads. A thread walks its items block column by block column, so sequences that share
 // physical blocks (a cached prefix) read each shared block back to back while it is in L1
@@ -268,9 +270,12 @@ inline void prefetch_block(const Pool<T>& pool, int64_t offset, int64_t t0, int6
   }
 }
 
+// Q: the queries' and outputs' element type (float, or at::BFloat16 for a bf16 model; read
+// into fp32 scratch, written back rounded).
+template <typename Q>
 struct Batch {
-  const float* query;        // [N, H, D], rows query_stride floats apart
-  float* out;                // [N, H, D]
+  const Q* query;            // [N, H, D], rows query_stride elements apart
+  Q* out;                    // [N, H, D]
   const int32_t* tables;     // [N, W]
   const int64_t* seq_lens;   // [N]
   int64_t table_width, num_heads, num_kv_heads, sliding_window;
@@ -281,8 +286,8 @@ struct Batch {
 // Work items begin..end, item = request * Hkv + kv head, walked block column by block
 // column: the items of one request read one block's heads back to back (contiguous
 // memory), and requests that share the block at a column read it while it is in L1.
-template <int D, typename T>
-void attend_items(const Pool<T>& pool, const Batch& batch, int64_t begin, int64_t end) {
+template <int D, typename T, typename Q>
+void attend_items(const Pool<T>& pool, const Batch<Q>& batch, int64_t begin, int64_t end) {
   const int64_t Hkv = batch.num_kv_heads, G = batch.num_heads / Hkv, n = end - begin;
   const int64_t bs = pool.block_size;
   std::vector<float> q(n * G * D), acc(n * G * D, 0.0f), max(n * G, kNegInf), sum(n * G, 0.0f);
@@ -291,8 +296,9 @@ void attend_items(const Pool<T>& pool, const Batch& batch, int64_t begin, int64_
   for (int64_t i = 0; i < n; ++i) {
     const int64_t b = (begin + i) / Hkv, h = (begin + i) % Hkv;
     max_blocks = std::max(max_blocks, (batch.seq_lens[b] + bs - 1) / bs);
-    const float* src = batch.query + b * batch.query_stride + h * G * D;
-    for (int64_t j = 0; j < G * D; ++j) q[i * G * D + j] = src[j] * batch.scale;
+    const Q* src = batch.query + b * batch.query_stride + h * G * D;
+    for (int64_t j = 0; j < G * D; ++j)
+      q[i * G * D + j] = static_cast<float>(src[j]) * batch.scale;
   }
   // Where item i's block at column col is, and its tokens t0..t1 (false: none to read).
   auto locate = [&](int64_t i, int64_t col, int64_t& offset, int64_t& t0, int64_t& t1) {
@@ -321,10 +327,11 @@ void attend_items(const Pool<T>& pool, const Batch& batch, int64_t begin, int64_
   }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t b = (begin + i) / Hkv, h = (begin + i) % Hkv;
-    float* dst = batch.out + (b * batch.num_heads + h * G) * D;
+    Q* dst = batch.out + (b * batch.num_heads + h * G) * D;
     for (int64_t g = 0; g < G; ++g) {
       const float inv = 1.0f / sum[i * G + g];
-      for (int64_t d = 0; d < D; ++d) dst[g * D + d] = acc[(i * G + g) * D + d] * inv;
+      for (int64_t d = 0; d < D; ++d)
+        dst[g * D + d] = static_cast<Q>(acc[(i * G + g) * D + d] * inv);
     }
   }
 }
@@ -350,7 +357,7 @@ struct Group {
 // rows' max, sum and output corrections gathered. One per kv head, whose groups alternate.
 struct LaneScratch {
   std::vector<float> qt, st, max, sum, correction;
-  std::vector<float> keys, values;  // an fp16 pool's block widened: [block_size][D] each
+  std::vector<float> keys, values;  // a 16-bit pool's block widened: [block_size][D] each
   std::vector<int32_t> rows;  // the rows qt holds
 };
 
@@ -566,8 +573,8 @@ struct Span {
   bool same_as(const Span& o) const { return block == o.block && t0 == o.t0 && t1 == o.t1; }
 };
 
-template <int D, typename T>
-Span span_at(const Pool<T>& pool, const Batch& batch, int64_t item, int64_t col) {
+template <int D, typename T, typename Q>
+Span span_at(const Pool<T>& pool, const Batch<Q>& batch, int64_t item, int64_t col) {
   const int64_t Hkv = batch.num_kv_heads, b = item / Hkv, h = item % Hkv;
   const int64_t len = batch.seq_lens[b], bs = pool.block_size;
   const int64_t first =
@@ -588,9 +595,9 @@ Span span_at(const Pool<T>& pool, const Batch& batch, int64_t item, int64_t col)
 // G = 3) takes the lane layout; smaller ones take the per-item code: in 16 lanes with
 // zmm_items, else the AVX2 code (as fast on a CPU that retires half as many zmm as ymm FMAs,
 // as an earlier Zen 5 VM did; where zmm FMAs run at the ymm rate the 16-lane code is faster).
-template <int D, typename T>
-CONVEYOR_AVX512 void attend_items_cascade(const Pool<T>& pool, const Batch& batch, int64_t begin,
-                                          int64_t end, bool zmm_items) {
+template <int D, typename T, typename Q>
+CONVEYOR_AVX512 void attend_items_cascade(const Pool<T>& pool, const Batch<Q>& batch,
+                                          int64_t begin, int64_t end, bool zmm_items) {
   constexpr int kRecentLeaders = 4;
   const int64_t Hkv = batch.num_kv_heads, G = batch.num_heads / Hkv, n = end - begin;
   const int64_t bs = pool.block_size;
@@ -604,8 +611,9 @@ CONVEYOR_AVX512 void attend_items_cascade(const Pool<T>& pool, const Batch& batc
   for (int64_t i = 0; i < n; ++i) {
     const int64_t b = (begin + i) / Hkv, h = (begin + i) % Hkv;
     max_blocks = std::max(max_blocks, (batch.seq_lens[b] + bs - 1) / bs);
-    const float* src = batch.query + b * batch.query_stride + h * G * D;
-    for (int64_t j = 0; j < G * D; ++j) q[i * G * D + j] = src[j] * batch.scale;
+    const Q* src = batch.query + b * batch.query_stride + h * G * D;
+    for (int64_t j = 0; j < G * D; ++j)
+      q[i * G * D + j] = static_cast<float>(src[j]) * batch.scale;
   }
   for (int64_t col = 0; col < max_blocks; ++col) {
     leaders.clear();
@@ -665,10 +673,11 @@ CONVEYOR_AVX512 void attend_items_cascade(const Pool<T>& pool, const Batch& batc
   }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t b = (begin + i) / Hkv, h = (begin + i) % Hkv;
-    float* dst = batch.out + (b * batch.num_heads + h * G) * D;
+    Q* dst = batch.out + (b * batch.num_heads + h * G) * D;
     for (int64_t g = 0; g < G; ++g) {
       const float inv = 1.0f / sum[i * G + g];
-      for (int64_t d = 0; d < D; ++d) dst[g * D + d] = acc[(i * G + g) * D + d] * inv;
+      for (int64_t d = 0; d < D; ++d)
+        dst[g * D + d] = static_cast<Q>(acc[(i * G + g) * D + d] * inv);
     }
   }
 }
@@ -677,8 +686,8 @@ CONVEYOR_AVX512 void attend_items_cascade(const Pool<T>& pool, const Batch& batc
 // kAvx512Cascade: the cascade with the AVX2 per-item code; kAvx512: with the 16-lane one.
 enum Path : int64_t { kAuto = 0, kAvx2 = 1, kAvx512Cascade = 2, kAvx512 = 3 };
 
-template <int D, typename T>
-void attend(const Pool<T>& pool, const Batch& batch, int64_t num_seqs, int64_t path) {
+template <int D, typename T, typename Q>
+void attend(const Pool<T>& pool, const Batch<Q>& batch, int64_t num_seqs, int64_t path) {
   at::parallel_for(0, num_seqs * batch.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     if (path == kAvx2)
       attend_items<D>(pool, batch, begin, end);
@@ -715,13 +724,14 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
                 "seq_lens[", n, "] = ", lens[n], " is outside 1..", block_tables.size(1) * block_size);
     conveyor_native::check_blocks(tables, block_tables.size(1), n, lens[n], kv_cache);
   }
-  const Batch batch{query.data_ptr<float>(), out.data_ptr<float>(),
-                    tables, lens, block_tables.size(1), num_heads,
-                    num_kv_heads, sliding_window, static_cast<float>(scale),
-                    conveyor_native::row_stride(query)};
-  conveyor_native::with_pool_shape(kv_cache, [&](auto element, auto dim) {
+  conveyor_native::with_pool_shape(query, kv_cache, [&](auto rows, auto element, auto dim) {
+    using Q = decltype(rows);
     using T = decltype(element);
     constexpr int D = decltype(dim)::value;
+    const Batch<Q> batch{static_cast<const Q*>(query.data_ptr()), static_cast<Q*>(out.data_ptr()),
+                         tables, lens, block_tables.size(1), num_heads,
+                         num_kv_heads, sliding_window, static_cast<float>(scale),
+                         conveyor_native::row_stride(query)};
     attend<D>(conveyor_native::pool_of<T>(kv_cache), batch, num_seqs, path);
   });
 }
@@ -734,17 +744,17 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
-        "Decode attention read in place from the paged KV pool (fp32 or fp16; path 0 auto, "
+        "Decode attention read in place from the paged KV pool (fp32, fp16 or bf16; path 0 auto, "
         "1 AVX2, 2 AVX-512 shared-block cascade with AVX2 per-item code, 3 AVX-512 throughout)",
         // tensors only inside: the GIL is released while it runs, as ATen's ops do
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "Prefill attention (chunks of query tokens, causal over the request's context) read in "
-        "place from the paged KV pool (fp32 or fp16; isa 0 auto, 1 AVX2, 2 AVX-512)",
+        "place from the paged KV pool (fp32, fp16 or bf16; isa 0 auto, 1 AVX2, 2 AVX-512)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("store_kv", &conveyor_native::store_kv,
-        "Write fp32 key and value rows [T, Hkv, D] into the paged pool (fp32, or fp16 rounded "
-        "to nearest even) at slot_mapping",
+        "Write fp32 or bf16 key and value rows [T, Hkv, D] into the paged pool at slot_mapping "
+        "(rounded to nearest even where the pool is narrower)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("has_avx512", &cpu_has_avx512, "Whether this CPU runs the AVX-512 paths");
 }

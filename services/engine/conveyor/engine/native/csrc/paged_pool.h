@@ -1,6 +1,6 @@
-// What the paged attention kernels share: the pool's view (fp32 or fp16 elements), loading its
-// rows as fp32, the checks of their common arguments (the query, the output, the pool, the block
-// tables' blocks) and the store of new K/V rows.
+// What the paged attention kernels share: the pool's view (fp32, fp16 or bf16 elements), the
+// element types a step may pair (queries fp32 or bf16), the checks of their common arguments
+// (the query, the output, the pool, the block tables' blocks) and the store of new K/V rows.
 #pragma once
 
 #include <torch/extension.h>
@@ -11,11 +11,13 @@
 #include <type_traits>
 
 #include "cpu_isa.h"
+#include "vector_io.h"
 
 namespace conveyor_native {
 
-// kv_cache [2, num_blocks, block_size, Hkv, D] of T: float, or at::Half (CONVEYOR_ENGINE_
-// KV_CACHE_DTYPE=float16: half the bytes a step reads, each element widened on load).
+// kv_cache [2, num_blocks, block_size, Hkv, D] of T: float (an fp32 model), at::BFloat16 (a bf16
+// model), or at::Half (CONVEYOR_ENGINE_KV_CACHE_DTYPE=float16: half the bytes a step reads);
+// 16-bit elements are widened to fp32 as they are loaded (vector_io.h).
 template <typename T>
 struct Pool {
   const T* keys;
@@ -25,28 +27,16 @@ struct Pool {
   int64_t block_size;
 };
 
-// Eight pool elements from p as fp32.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// Sixteen pool elements from p as fp32 (AVX-512 code only).
-CONVEYOR_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-CONVEYOR_AVX512 inline __m512 load16(const at::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-// D fp16 elements from src as fp32 at dst.
-template <int D>
-inline void widen_row(const at::Half* src, float* dst) {
+// D 16-bit elements from src as fp32 at dst.
+template <int D, typename T>
+inline void widen_row(const T* src, float* dst) {
   for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, load8(src + d));
 }
 
 // Rows t0..t1 of D elements, token_stride apart from src, as fp32 rows D apart at dst (kernels
-// that broadcast single key elements widen an fp16 block once rather than per element).
-template <int D>
-inline void widen_rows(const at::Half* src, int64_t token_stride, int64_t t0, int64_t t1,
+// that broadcast single key elements widen a 16-bit block once rather than per element).
+template <int D, typename T>
+inline void widen_rows(const T* src, int64_t token_stride, int64_t t0, int64_t t1,
                        float* dst) {
   for (int64_t t = t0; t < t1; ++t) widen_row<D>(src + t * token_stride, dst + t * D);
 }
@@ -60,30 +50,48 @@ inline void prefetch_row(const T* p, int64_t n) {
 }
 
 inline bool is_pool_dtype(const torch::Tensor& kv_cache) {
-  return kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf;
+  const auto t = kv_cache.scalar_type();
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
 }
 
-// query [N, H, D] fp32 with contiguous heads (its rows may be strided: a view of the qkv
-// projection's output), out [N, H, D] contiguous fp32; the pool contiguous fp32 or fp16 with
-// the query's D and a number of kv heads that divides H.
+// The element types a step pairs: queries, keys and values (the model's dtype) fp32 over an fp32
+// or fp16 pool, bf16 over a bf16 or fp16 pool.
+inline bool pairs_with(at::ScalarType rows, at::ScalarType pool) {
+  return pool == at::kHalf || pool == rows;
+}
+
+// query [N, H, D] fp32 or bf16 with contiguous heads (its rows may be strided: a view of the qkv
+// projection's output), out [N, H, D] contiguous of the query's dtype; the pool contiguous fp32,
+// fp16 or bf16 (paired with the query's dtype as pairs_with says) with the query's D and a
+// number of kv heads that divides H.
 inline void check_pool(const torch::Tensor& kv_cache) {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous() &&
               is_pool_dtype(kv_cache),
-              "kv_cache must be a contiguous float32 or float16 [2, blocks, block_size, Hkv, D] "
-              "tensor");
+              "kv_cache must be a contiguous float32, float16 or bfloat16 "
+              "[2, blocks, block_size, Hkv, D] tensor");
   TORCH_CHECK(kv_cache.scalar_type() != at::kHalf || cpu_has_f16c(),
               "a float16 kv_cache needs the F16C conversions, which this CPU lacks");
 }
 
+inline void check_pairing(at::ScalarType rows, const torch::Tensor& kv_cache) {
+  TORCH_CHECK(rows == at::kFloat || rows == at::kBFloat16,
+              "queries, keys and values must be float32 or bfloat16, got ", rows);
+  TORCH_CHECK(pairs_with(rows, kv_cache.scalar_type()), "a ", kv_cache.scalar_type(),
+              " kv_cache does not pair with ", rows, " queries, keys and values (float32 over "
+              "float32 or float16, bfloat16 over bfloat16 or float16)");
+}
+
 inline void check_attention_tensors(const torch::Tensor& out, const torch::Tensor& query,
                                     const torch::Tensor& kv_cache) {
-  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1 &&
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 &&
               (query.size(1) == 1 || query.stride(1) == query.size(2)) &&
               (query.size(0) <= 1 || query.stride(0) >= query.size(1) * query.size(2)),
-              "query must be a float32 [N, H, D] tensor with contiguous heads");
+              "query must be a [N, H, D] tensor with contiguous heads");
   TORCH_CHECK(out.sizes() == query.sizes() && out.is_contiguous() &&
-              out.scalar_type() == at::kFloat, "out must be a contiguous float32 like query");
+              out.scalar_type() == query.scalar_type(),
+              "out must be a contiguous tensor like query, of its dtype");
   check_pool(kv_cache);
+  check_pairing(query.scalar_type(), kv_cache);
   TORCH_CHECK(kv_cache.size(4) == query.size(2), "kv_cache head_dim differs from the query's");
   TORCH_CHECK(query.size(1) % kv_cache.size(3) == 0,
               "query heads must be a multiple of kv heads");
@@ -101,23 +109,27 @@ Pool<T> pool_of(const torch::Tensor& kv_cache) {
                  kv_cache.size(2)};
 }
 
-// f(T{}) with T the pool's element type (float or at::Half).
+// f(Q{}, T{}) with Q the rows' element type (float or at::BFloat16) and T the pool's, for the
+// pairs check_pairing allows.
 template <typename F>
-decltype(auto) with_pool_type(const torch::Tensor& kv_cache, F&& f) {
-  if (kv_cache.scalar_type() == at::kHalf) return f(at::Half{});
-  return f(float{});
+decltype(auto) with_element_types(at::ScalarType rows, const torch::Tensor& kv_cache, F&& f) {
+  const bool half = kv_cache.scalar_type() == at::kHalf;
+  if (rows == at::kBFloat16)
+    return half ? f(at::BFloat16{}, at::Half{}) : f(at::BFloat16{}, at::BFloat16{});
+  return half ? f(float{}, at::Half{}) : f(float{}, float{});
 }
 
-// f(T{}, std::integral_constant<int, D>{}) with T the pool's element type and D its head_dim,
-// one of the head sizes the kernels are instantiated for (native_kernel.HEAD_DIMS).
+// f(Q{}, T{}, std::integral_constant<int, D>{}) with Q and T as with_element_types gives them
+// and D the pool's head_dim, one of the head sizes the kernels are instantiated for
+// (native_kernel.HEAD_DIMS).
 template <typename F>
-void with_pool_shape(const torch::Tensor& kv_cache, F&& f) {
+void with_pool_shape(const torch::Tensor& query, const torch::Tensor& kv_cache, F&& f) {
   const int64_t head_dim = kv_cache.size(4);
-  with_pool_type(kv_cache, [&](auto element) {
+  with_element_types(query.scalar_type(), kv_cache, [&](auto rows, auto element) {
     switch (head_dim) {
-      case 32: return f(element, std::integral_constant<int, 32>{});
-      case 64: return f(element, std::integral_constant<int, 64>{});
-      case 128: return f(element, std::integral_constant<int, 128>{});
+      case 32: return f(rows, element, std::integral_constant<int, 32>{});
+      case 64: return f(rows, element, std::integral_constant<int, 64>{});
+      case 128: return f(rows, element, std::integral_constant<int, 128>{});
       default: TORCH_CHECK(false, "head_dim ", head_dim, " is not one of 32, 64, 128");
     }
   });
@@ -134,18 +146,10 @@ inline void check_blocks(const int32_t* tables, int64_t width, int64_t row, int6
   }
 }
 
-// n fp32 values from src into dst (float: copied; at::Half: rounded to nearest even, as torch's
-// .to(torch.float16)); n is a multiple of 8.
-inline void store_row(const float* src, int64_t n, float* dst) { std::copy(src, src + n, dst); }
-inline void store_row(const float* src, int64_t n, at::Half* dst) {
-  for (int64_t e = 0; e < n; e += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + e),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(src + e),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
-// Write key and value rows [T, Hkv, D] (heads contiguous, rows possibly strided) into the pool
-// at slot_mapping [T] (slot = block * block_size + offset); a negative slot (padding) is skipped.
+// Write key and value rows [T, Hkv, D] (fp32 or bf16, heads contiguous, rows possibly strided)
+// into the pool at slot_mapping [T] (slot = block * block_size + offset): copied where the types
+// match, else rounded to the pool's type as torch's .to() rounds; a negative slot (padding) is
+// skipped.
 inline void store_kv(torch::Tensor kv_cache, const torch::Tensor& key, const torch::Tensor& value,
                      const torch::Tensor& slot_mapping) {
   check_pool(kv_cache);
@@ -153,9 +157,10 @@ inline void store_kv(torch::Tensor kv_cache, const torch::Tensor& key, const tor
   TORCH_CHECK(hkv * d % 8 == 0, "kv heads x head_dim must be a multiple of 8");
   for (const auto* t : {&key, &value})
     TORCH_CHECK(t->dim() == 3 && t->size(0) == num_tokens && t->size(1) == hkv &&
-                t->size(2) == d && t->scalar_type() == at::kFloat && t->stride(2) == 1 &&
-                (hkv == 1 || t->stride(1) == d), "key and value must be float32 [T, Hkv, D] "
-                "with the pool's Hkv and D, heads contiguous");
+                t->size(2) == d && t->scalar_type() == key.scalar_type() && t->stride(2) == 1 &&
+                (hkv == 1 || t->stride(1) == d), "key and value must be [T, Hkv, D] of one "
+                "dtype with the pool's Hkv and D, heads contiguous");
+  check_pairing(key.scalar_type(), kv_cache);
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.is_contiguous() &&
               slot_mapping.scalar_type() == at::kLong, "slot_mapping must be contiguous int64 [T]");
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
@@ -164,10 +169,11 @@ inline void store_kv(torch::Tensor kv_cache, const torch::Tensor& key, const tor
     TORCH_CHECK(slots[t] < num_slots, "slot_mapping[", t, "] = ", slots[t],
                 " is past the pool's ", num_slots, " slots");
   const int64_t row = hkv * d, key_stride = row_stride(key), value_stride = row_stride(value);
-  const float* k = key.data_ptr<float>();
-  const float* v = value.data_ptr<float>();
-  with_pool_type(kv_cache, [&](auto element) {
+  with_element_types(key.scalar_type(), kv_cache, [&](auto rows, auto element) {
+    using Q = decltype(rows);
     using T = decltype(element);
+    const Q* k = static_cast<const Q*>(key.data_ptr());
+    const Q* v = static_cast<const Q*>(value.data_ptr());
     const Pool<T> pool = pool_of<T>(kv_cache);
     T* keys = const_cast<T*>(pool.keys);
     T* values = const_cast<T*>(pool.values);
@@ -175,8 +181,8 @@ inline void store_kv(torch::Tensor kv_cache, const torch::Tensor& key, const tor
       if (slots[t] < 0) continue;
       const int64_t at = slots[t] / pool.block_size * pool.block_stride +
                          slots[t] % pool.block_size * pool.token_stride;
-      store_row(k + t * key_stride, row, keys + at);
-      store_row(v + t * value_stride, row, values + at);
+      convert(k + t * key_stride, row, keys + at);
+      convert(v + t * value_stride, row, values + at);
     }
   });
 }

@@ -2,8 +2,9 @@
 // KV pool: a flash-style kernel, causal within the sequence's context (a cached prefix and the
 // earlier chunks included), with an optional sliding window.
 //
-// Pool layout (attention/__init__.py): kv_cache [2, num_blocks, block_size, Hkv, D], fp32 or
-// fp16 (a chunk's fp16 key and value rows are widened into the thread's scratch once per tile).
+// Pool layout (attention/__init__.py): kv_cache [2, num_blocks, block_size, Hkv, D], fp32, fp16
+// or bf16 (a chunk's 16-bit key and value rows are widened into the thread's scratch once per
+// tile). Queries and outputs fp32 or bf16 (a bf16 model's); all arithmetic is fp32.
 // A work item is (request, kv head, tile of kTilePositions query positions): its rows are the
 // tile's positions times the G = H / Hkv query heads of the kv head, so each key and value row
 // loaded serves all G heads and all positions of the tile. Rows sit in the lanes (8 per ymm,
@@ -46,9 +47,12 @@ constexpr int64_t kTilePositions = 16;  // query positions per work item
 constexpr int kKeyChunk = 16;  // keys per softmax step (32 measured slower, 16 and 32 mixed too)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Q: the queries' and outputs' element type (float, or at::BFloat16 for a bf16 model; read into
+// fp32 scratch, written back rounded).
+template <typename Q>
 struct Batch {
-  const float* query;           // [T, H, D], rows query_stride floats apart
-  float* out;                   // [T, H, D]
+  const Q* query;               // [T, H, D], rows query_stride elements apart
+  Q* out;                       // [T, H, D]
   const int32_t* tables;        // [R, W]
   const int64_t* seq_lens;      // [R] context after this step
   const int64_t* query_starts;  // [R] row of query of the request's first new token
@@ -79,7 +83,7 @@ struct Scratch {
   std::vector<float> max, sum, correction;  // [rp]
   std::vector<int32_t> pos;        // [rp] query position of each row
   std::vector<float> acc;          // [rows][D] running outputs
-  std::vector<float> keys, values;  // [kKeyChunk][D] a chunk's rows widened (fp16 pool)
+  std::vector<float> keys, values;  // [kKeyChunk][D] a chunk's rows widened (16-bit pool)
 };
 
 // The tile code's operations at one vector width: W rows of a tile in one vector.
@@ -134,7 +138,8 @@ struct Lanes16 {
   }
 };
 
-Tile tile_of(const Batch& batch, const Item& it, int64_t width) {
+template <typename Q>
+Tile tile_of(const Batch<Q>& batch, const Item& it, int64_t width) {
   const int64_t G = batch.num_heads / batch.num_kv_heads;
   const int64_t context_start = batch.seq_lens[it.request] - batch.query_lens[it.request];
   Tile tile;
@@ -165,7 +170,8 @@ using Lanes = Lanes16;
 
 // Every (request, kv head, tile) with its cost, and each thread's share: longest first to the
 // least loaded thread.
-std::vector<std::vector<Item>> plan_items(const Batch& batch, int64_t num_requests,
+template <typename Q>
+std::vector<std::vector<Item>> plan_items(const Batch<Q>& batch, int64_t num_requests,
                                           int64_t num_threads) {
   std::vector<Item> items;
   for (int64_t r = 0; r < num_requests; ++r) {
@@ -191,8 +197,8 @@ std::vector<std::vector<Item>> plan_items(const Batch& batch, int64_t num_reques
   return shares;
 }
 
-template <int D, typename T>
-void attend(const Pool<T>& pool, const Batch& batch, int64_t num_requests, bool wide) {
+template <int D, typename T, typename Q>
+void attend(const Pool<T>& pool, const Batch<Q>& batch, int64_t num_requests, bool wide) {
   const int64_t num_threads = std::max<int64_t>(1, at::get_num_threads());
   const auto shares = plan_items(batch, num_requests, num_threads);
   at::parallel_for(0, num_threads, 1, [&](int64_t begin, int64_t end) {
@@ -247,12 +253,14 @@ void paged_prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tens
     TORCH_CHECK(lens[r] < std::numeric_limits<int32_t>::max(), "seq_len too large");
     conveyor_native::check_blocks(tables, width, r, lens[r], kv_cache);
   }
-  const Batch batch{query.data_ptr<float>(), out.data_ptr<float>(), tables, lens, starts, qlens,
-                    width, num_heads, num_kv_heads, sliding_window, static_cast<float>(scale),
-                    conveyor_native::row_stride(query)};
-  conveyor_native::with_pool_shape(kv_cache, [&](auto element, auto dim) {
+  conveyor_native::with_pool_shape(query, kv_cache, [&](auto rows, auto element, auto dim) {
+    using Q = decltype(rows);
     using T = decltype(element);
     constexpr int D = decltype(dim)::value;
+    const Batch<Q> batch{static_cast<const Q*>(query.data_ptr()), static_cast<Q*>(out.data_ptr()),
+                         tables, lens, starts, qlens, width, num_heads, num_kv_heads,
+                         sliding_window, static_cast<float>(scale),
+                         conveyor_native::row_stride(query)};
     attend<D>(conveyor_native::pool_of<T>(kv_cache), batch, num_requests, wide);
   });
 }

@@ -1,0 +1,47 @@
+"""POST /v1/responses (served on the generation path, as chat requests are),
+GET /v1/responses/{id} and DELETE /v1/responses/{id} (the caller's stored responses)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from conveyor.gateway.errors import error_response
+from conveyor.gateway.pipeline import Pipeline
+from conveyor.gateway.responses.conversation import chat_request
+from conveyor.gateway.responses.endpoint import RESPONSES
+from conveyor.gateway.responses.request_body import ResponsesRequest
+from conveyor.gateway.routes import GenerationResponse, pipeline_of, serve_simple
+from conveyor.gateway.validation_errors import validation_error
+
+router = APIRouter()
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    try:
+        chat = chat_request(body)
+    except ValidationError as error:  # a value chat refuses that the Responses body let by
+        return error_response(validation_error(error.errors()))
+    return GenerationResponse(pipeline_of(request), request, chat, RESPONSES)
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request) -> Response:
+    """A stored response of the caller's tenant (404 for any other)."""
+    async def work(pipeline: Pipeline) -> dict:
+        tenant = await pipeline.admitter.authenticate(request.headers)
+        return (await pipeline.responses.get(tenant.tenant_id, response_id)).response
+
+    return await serve_simple(request, "responses", work)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> Response:
+    async def work(pipeline: Pipeline) -> dict:
+        tenant = await pipeline.admitter.authenticate(request.headers)
+        await pipeline.responses.delete(tenant.tenant_id, response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    return await serve_simple(request, "responses", work)

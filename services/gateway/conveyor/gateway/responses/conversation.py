@@ -1,0 +1,165 @@
+"""A Responses API request as the chat request the path serves.
+
+The conversation the model continues is, in order: the `instructions` (a system
+message), the stored conversation of `previous_response_id` (loaded once the caller is
+known: `ResponsesTurn.continue_from`), and the `input` items:
+
+    message (user, system, developer)   that message
+    message (assistant; output_text)    an assistant message with that text
+    function_call                       an assistant message's tool call (consecutive
+                                        calls, or calls after its text, join one message)
+    function_call_output                a tool message answering that call_id
+
+Tools (flat function tools), tool_choice, text.format (-> response_format),
+max_output_tokens (-> max_completion_tokens), sampling and the fields chat shares
+(metadata, service_tier, ...) map one to one; the chat request's own checks then apply
+(the output plan, limits, quotas).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import PrivateAttr
+
+from conveyor.gateway.api_models import (
+    ChatCompletionRequest,
+    ChatMessage,
+    FunctionName,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    JsonSchemaSpec,
+    NamedToolChoice,
+    StreamOptions,
+    Tool,
+)
+from conveyor.gateway.responses.request_body import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionChoice,
+    FunctionTool,
+    MessageItem,
+    ResponsesRequest,
+    TextFormatJsonObject,
+    TextFormatJsonSchema,
+)
+from conveyor.gateway.responses.store import ResponseStore, StoredResponse
+
+
+@dataclass(slots=True)
+class ResponsesTurn:
+    """One POST /v1/responses: the body as sent, the conversation it continues, and,
+    once its response is complete, what is stored (when `store`)."""
+
+    request: ResponsesRequest
+    input_messages: list[ChatMessage]
+    history: list[ChatMessage] = field(default_factory=list)
+    """The stored conversation of previous_response_id (none without one)."""
+    stored: StoredResponse | None = None
+    """What to store, set by the format when the response is complete."""
+
+    @property
+    def instructions(self) -> list[ChatMessage]:
+        text = self.request.instructions
+        return [ChatMessage(role="system", content=text)] if text else []
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        """What the model reads: instructions, the conversation so far, this input."""
+        return [*self.instructions, *self.history, *self.input_messages]
+
+    async def continue_from(self, store: ResponseStore, tenant_id: str) -> None:
+        """Load the conversation of previous_response_id (404 if the tenant has none)."""
+        previous_id = self.request.previous_response_id
+        if previous_id is not None:
+            previous = await store.get(tenant_id, previous_id, "previous_response_id")
+            self.history = [ChatMessage.model_validate(m) for m in previous.conversation]
+
+    def conversation_with(self, answer: ChatMessage) -> list[dict]:
+        """The conversation to store with the response: all but the instructions."""
+        return [m.model_dump(exclude_none=True)
+                for m in (*self.history, *self.input_messages, answer)]
+
+
+class ResponsesChat(ChatCompletionRequest):
+    """The chat request a Responses API request is served as; `turn` is what only the
+    Responses format and store need."""
+
+    _turn: ResponsesTurn | None = PrivateAttr(None)
+
+    @property
+    def turn(self) -> ResponsesTurn:
+        return self._turn
+
+
+def chat_request(body: ResponsesRequest) -> ResponsesChat:
+    """The chat request `body` is served as (its input's messages; the stored
+    conversation joins them when the turn continues one)."""
+    turn = ResponsesTurn(body, input_messages(body))
+    text = body.text
+    chat = ResponsesChat(
+        model=body.model, messages=turn.messages, max_completion_tokens=body.max_output_tokens,
+        temperature=body.temperature, top_p=body.top_p, user=body.user, stream=body.stream,
+        stream_options=StreamOptions(include_obfuscation=body.stream_options.include_obfuscation)
+        if body.stream_options else None,
+        logprobs=body.wants_logprobs, top_logprobs=body.top_logprobs if body.wants_logprobs
+        else None,
+        tools=[_tool(t) for t in body.tools] if body.tools else None,
+        tool_choice=_tool_choice(body.tool_choice), parallel_tool_calls=body.parallel_tool_calls,
+        response_format=_response_format(text.format) if text else None,
+        verbosity=text.verbosity if text else None,
+        reasoning_effort=body.reasoning.effort if body.reasoning else None,
+        metadata=body.metadata, service_tier=body.service_tier,
+        prompt_cache_key=body.prompt_cache_key,
+        prompt_cache_retention=body.prompt_cache_retention,
+        safety_identifier=body.safety_identifier)
+    chat._turn = turn
+    return chat
+
+
+def input_messages(body: ResponsesRequest) -> list[ChatMessage]:
+    """The chat messages of the request's `input` items, in order."""
+    if isinstance(body.input, str):
+        return [ChatMessage(role="user", content=body.input)]
+    messages: list[ChatMessage] = []
+    for item in body.input:
+        if isinstance(item, MessageItem):
+            messages.append(ChatMessage(role=item.role, content=item.text))
+        elif isinstance(item, FunctionCallItem):
+            _add_call(messages, item)
+        elif isinstance(item, FunctionCallOutputItem):
+            messages.append(ChatMessage(role="tool", tool_call_id=item.call_id,
+                                        content=item.text))
+    return messages
+
+
+def _add_call(messages: list[ChatMessage], item: FunctionCallItem) -> None:
+    """The call joins the assistant message before it, or starts one."""
+    call = {"id": item.call_id, "type": "function",
+            "function": {"name": item.name, "arguments": item.arguments}}
+    last = messages[-1] if messages else None
+    if last is not None and last.role == "assistant":
+        last.tool_calls = [*(last.tool_calls or []), call]
+    else:
+        messages.append(ChatMessage(role="assistant", tool_calls=[call]))
+
+
+def _tool(tool: FunctionTool) -> Tool:
+    return Tool(type="function", function=tool.definition)
+
+
+def _tool_choice(choice) -> str | NamedToolChoice | None:
+    if isinstance(choice, FunctionChoice):
+        return NamedToolChoice(type="function", function=FunctionName(name=choice.name))
+    return choice
+
+
+def _response_format(text_format) -> JsonObjectFormat | JsonSchemaFormat | None:
+    if isinstance(text_format, TextFormatJsonObject):
+        return JsonObjectFormat(type="json_object")
+    if isinstance(text_format, TextFormatJsonSchema):
+        spec = JsonSchemaSpec.model_validate({
+            "name": text_format.name, "description": text_format.description,
+            "schema": text_format.schema_, "strict": text_format.strict})
+        return JsonSchemaFormat(type="json_schema", json_schema=spec)
+    return None

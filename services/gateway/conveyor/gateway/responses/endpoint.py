@@ -1,0 +1,39 @@
+"""The Responses API as a kind of request on the one generation path: how its prompt is
+rendered (the stored conversation it continues, then its input), its format, and the
+stored response written with the settlement."""
+
+from __future__ import annotations
+
+from conveyor.common.redis_scripts import ScriptCall
+from conveyor.gateway.api_models import chat_turns, num_top_logprobs, output_options, render_input
+from conveyor.gateway.generation_request import EndpointKind, GenerationRequest
+from conveyor.gateway.responses.conversation import ResponsesChat
+from conveyor.gateway.responses.output_format import ResponsesFormat
+from conveyor.gateway.wire import PromptTokens
+
+
+async def _render_turn(request: GenerationRequest) -> list[PromptTokens]:
+    """The conversation so far (loaded from the store) and this turn's input, rendered."""
+    body: ResponsesChat = request.body
+    pipeline = request.pipeline
+    await body.turn.continue_from(pipeline.responses, request.tenant.tenant_id)
+    render = render_input(body, body.requested_max_tokens)
+    render.messages = chat_turns(body.turn.messages)
+    return [await pipeline.tokenizer.render(render)]
+
+
+def _format(request: GenerationRequest) -> ResponsesFormat:
+    body: ResponsesChat = request.body
+    return ResponsesFormat(request.request_id, request.model.name, num_top_logprobs(body),
+                           output_options(body), request.prompts, body.turn)
+
+
+def _store(request: GenerationRequest) -> list[ScriptCall]:
+    """The complete response and its conversation, when the request said store."""
+    stored = request.body.turn.stored
+    if stored is None:
+        return []
+    return [request.pipeline.responses.save_call(request.tenant.tenant_id, stored)]
+
+
+RESPONSES = EndpointKind("responses", "resp", "input", _format, _render_turn, _store)

@@ -1,0 +1,219 @@
+"""The Responses API over fake services and the real Redis: the official SDK's own
+parsing of responses and events, stored responses per tenant, input items, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from openai import AsyncOpenAI, NotFoundError
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from conveyor.gateway.generation import GenerationDelta
+from conveyor.gateway.response_formats import OutputOptions, UsageTotals
+from conveyor.gateway.responses.conversation import chat_request
+from conveyor.gateway.responses.output_format import ResponsesFormat
+from conveyor.gateway.responses.request_body import ResponsesRequest
+from conveyor.gateway.tenancy.api_keys import ApiKeyStore
+from conveyor.gateway.tenancy.tiers import DEFAULT_TIERS
+from conveyor.gateway.wire import PromptTokens, TokenUsage, ToolCallDelta
+
+EVENTS = TypeAdapter(ResponseStreamEvent)
+
+
+def _client(gateway, key: str = "unused") -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
+
+
+def _prompt_text(request) -> str:
+    return "".join(chr(t) for t in request.prompt_token_ids)
+
+
+async def test_create_returns_a_response_the_sdk_reads(gateway):
+    response = await _client(gateway).responses.create(
+        model="fake-model", input="hi", instructions="Be brief.", max_output_tokens=5,
+        metadata={"k": "v"}, temperature=0.5)
+    assert response.status == "incomplete" and response.incomplete_details.reason == \
+        "max_output_tokens"
+    assert response.output_text == "Hello"
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (
+        len("system:Be brief.\nuser:hi\nassistant:"), 5)
+    assert response.usage.input_tokens_details.cached_tokens == 3
+    assert response.metadata == {"k": "v"} and response.instructions == "Be brief."
+    [request] = gateway.fakes.engine.requests
+    assert _prompt_text(request) == "system:Be brief.\nuser:hi\nassistant:"
+    assert request.sampling.max_tokens == 5 and abs(request.sampling.temperature - 0.5) < 1e-6
+
+
+async def test_a_streamed_response_is_the_sdks_event_sequence(gateway):
+    stream = await _client(gateway).responses.create(model="fake-model", input="hi",
+                                                     max_output_tokens=4, stream=True)
+    events = [event async for event in stream]
+    types = [event.type for event in events]
+    assert types == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added",
+                     *["response.output_text.delta"] * (types.count("response.output_text.delta")),
+                     "response.output_text.done", "response.content_part.done",
+                     "response.output_item.done", "response.incomplete"]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == "Hell" == events[-1].response.output_text
+    assert events[-4].text == deltas
+
+
+async def test_stored_responses_chain_and_can_be_read_and_deleted(gateway):
+    client = _client(gateway)
+    first = await client.responses.create(model="fake-model", input="one", max_output_tokens=3)
+    second = await client.responses.create(model="fake-model", input="two", max_output_tokens=3,
+                                           previous_response_id=first.id)
+    later = gateway.fakes.engine.requests[-1]
+    assert _prompt_text(later) == "user:one\nassistant:Hel\nuser:two\nassistant:"
+    assert (await client.responses.retrieve(second.id)).output_text == "Hel"
+    await client.responses.delete(first.id)
+    with pytest.raises(NotFoundError):
+        await client.responses.retrieve(first.id)
+    with pytest.raises(NotFoundError) as caught:
+        await client.responses.create(model="fake-model", input="x", previous_response_id=first.id)
+    assert caught.value.body["param"] == "previous_response_id"
+
+
+async def test_store_false_keeps_nothing(gateway):
+    client = _client(gateway)
+    response = await client.responses.create(model="fake-model", input="x", store=False,
+                                             max_output_tokens=2)
+    with pytest.raises(NotFoundError):
+        await client.responses.retrieve(response.id)
+
+
+async def test_another_tenant_cannot_read_a_stored_response(gateway_factory, redis, prefix):
+    gateway = await gateway_factory(auth_enabled=True)
+    keys = ApiKeyStore(redis, DEFAULT_TIERS, prefix=prefix)
+    owner = (await keys.create("owner", "standard")).key
+    other = (await keys.create("other", "standard")).key
+    response = await _client(gateway, owner).responses.create(model="fake-model", input="x",
+                                                              max_output_tokens=2)
+    assert (await _client(gateway, owner).responses.retrieve(response.id)).id == response.id
+    with pytest.raises(NotFoundError):
+        await _client(gateway, other).responses.retrieve(response.id)
+    with pytest.raises(NotFoundError):
+        await _client(gateway, other).responses.create(
+            model="fake-model", input="y", previous_response_id=response.id)
+
+
+async def test_function_calls_and_outputs_become_chat_turns(gateway):
+    tools = [{"type": "function", "name": "weather", "description": "Weather in a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    items = [{"role": "user", "content": "weather?"},
+             {"type": "function_call", "call_id": "call_1", "name": "weather",
+              "arguments": '{"city": "Oslo"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+    response = await _client(gateway).responses.create(
+        model="fake-model", input=items, tools=tools, tool_choice="auto", max_output_tokens=2)
+    assert response.tools[0].name == "weather" and response.tool_choice == "auto"
+    [request] = gateway.fakes.engine.requests
+    assert _prompt_text(request) == "user:weather?\nassistant:\ntool:sunny\nassistant:"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"background": True}, "background"),
+    ({"include": ["reasoning.encrypted_content"]}, "include"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
+    ({"reasonin": {}}, "reasonin"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+])
+async def test_what_cannot_be_served_is_refused_by_name(gateway, body, param):
+    async with gateway.client() as client:
+        response = await client.post("/v1/responses", json={"input": "x", **body})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"].startswith(param)
+    assert not gateway.fakes.engine.requests
+
+
+async def test_text_format_json_schema_asks_the_engine_for_it(gateway):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    await _client(gateway).responses.create(
+        model="fake-model", input="x", max_output_tokens=2,
+        text={"format": {"type": "json_schema", "name": "thing", "schema": schema}})
+    [request] = gateway.fakes.engine.requests
+    assert json.loads(request.structured_output.json_schema) == schema
+
+
+async def test_logprobs_on_request(gateway):
+    response = await _client(gateway).responses.create(
+        model="fake-model", input="x", max_output_tokens=2, top_logprobs=1,
+        include=["message.output_text.logprobs"])
+    [logprob_a, _] = response.output[0].content[0].logprobs
+    assert logprob_a.token == "H" and len(logprob_a.top_logprobs) == 1
+
+
+def _format(**request) -> ResponsesFormat:
+    body = ResponsesRequest.model_validate({"input": "x", **request})
+    return ResponsesFormat("resp-1", "m", None, OutputOptions(), [PromptTokens([1, 2], "", 9)],
+                           chat_request(body).turn)
+
+
+def test_tool_call_deltas_stream_as_function_call_items():
+    fmt = _format()
+    usage = UsageTotals([2], 1)
+    deltas = [GenerationDelta("Sure.", [1], []),
+              GenerationDelta("", [2], [], tool_calls=[ToolCallDelta(0, "call_a", "weather")]),
+              GenerationDelta("", [3], [], tool_calls=[ToolCallDelta(0, arguments='{"c":')]),
+              GenerationDelta("", [4], [], "stop", usage=TokenUsage(2, 4),
+                              tool_calls=[ToolCallDelta(0, arguments='"x"}')])]
+    events = fmt.opening_chunks(1)
+    for delta in deltas:
+        usage.observe(0, delta)
+        events += fmt.delta_chunks(0, delta, {})
+    events += fmt.closing_chunks(usage)
+    parsed = [EVENTS.validate_python(json.loads(fmt.encode(e).split(b"data: ")[1]))
+              for e in events]
+    assert [e.type for e in parsed] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
+    final = parsed[-1].response
+    assert [item.type for item in final.output] == ["message", "function_call"]
+    call = final.output[1]
+    assert (call.call_id, call.name, call.arguments) == ("call_a", "weather", '{"c":"x"}')
+    stored = fmt.turn.stored
+    assert stored.conversation[-1] == {
+        "role": "assistant", "content": "Sure.",
+        "tool_calls": [{"id": "call_a", "type": "function",
+                        "function": {"name": "weather", "arguments": '{"c":"x"}'}}]}
+    assert Response.model_validate(stored.response).id == "resp-1"
+
+
+async def test_bodies_and_events_validate_against_the_sdks_models(gateway):
+    """The SDK reads leniently; its pydantic models, validated strictly, say whether
+    every field it declares required is there, with its type."""
+    body = {"model": "fake-model", "input": "hi", "max_output_tokens": 3}
+    async with gateway.client() as client:
+        whole = await client.post("/v1/responses", json=body)
+        streamed = await client.post("/v1/responses", json={**body, "stream": True})
+    Response.model_validate(whole.json())
+    lines = streamed.text.split("\n\n")
+    events = [block.split("\n") for block in lines if block]
+    for name_line, data_line in events:
+        event = EVENTS.validate_python(json.loads(data_line.removeprefix("data: ")))
+        assert name_line == f"event: {event.type}"
+    assert not streamed.text.rstrip().endswith("[DONE]")
+
+
+async def test_a_stream_that_fails_ends_with_error_and_response_failed(gateway):
+    gateway.fakes.engine.fail_after, gateway.fakes.engine.delay_s = 3, 0.05
+    body = {"model": "fake-model", "input": "hi", "max_output_tokens": 5, "stream": True}
+    async with gateway.client() as client:
+        streamed = await client.post("/v1/responses", json=body)
+    events = [EVENTS.validate_python(json.loads(block.split("data: ", 1)[1]))
+              for block in streamed.text.split("\n\n") if block]
+    assert [e.type for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-1].response.status == "failed" and events[-1].response.error.message
