@@ -46,9 +46,17 @@ RETIRE_AFTER_S = 900.0
 calls and streams still on it (a draining replica's) end first."""
 
 
+LOCAL_SEND_FAILURE = 'Failed "execute_batch"'
+"""How grpc's client starts the debug string of the INTERNAL it sets when sending a
+message fails in its core (the transport under a client-streaming call went away, e.g.
+a replica stopping while tokens go out): the replica's failure, not an answer of its."""
+
+
 def is_replica_failure(error: grpc.aio.AioRpcError) -> bool:
     """True when `error` says the replica, not the request, failed."""
-    return error.code() in FAILOVER_CODES
+    return error.code() in FAILOVER_CODES or (
+        error.code() == grpc.StatusCode.INTERNAL
+        and (error.debug_error_string() or "").startswith(LOCAL_SEND_FAILURE))
 
 
 def no_replica_error(service: str) -> grpc.aio.AioRpcError:
