@@ -80,7 +80,7 @@ def measure_occupancy(workload: list[tuple[int, int]], block_size: int = 16,
             scheduler.add_request(request)
         del pending[:arrivals_per_step]
         output = scheduler.schedule()
-        sampled = {r.request_id: SampledToken(9) for r in output.scheduled if r.needs_sample}
+        sampled = {r.request_id: [SampledToken(9)] for r in output.scheduled if r.needs_sample}
         scheduler.update_from_output(output, ModelRunnerOutput(sampled))
         _count(scheduler, totals, block_size, max_model_len)
     return Occupancy(*totals, block_size=block_size, max_model_len=max_model_len)

@@ -53,7 +53,7 @@ def run_steps(scheduler: Scheduler, num_steps: int) -> tuple[list[float], list[f
         start = time.perf_counter()
         output = scheduler.schedule()
         middle = time.perf_counter()
-        sampled = {s.request_id: SampledToken(1) for s in output.scheduled if s.needs_sample}
+        sampled = {s.request_id: [SampledToken(1)] for s in output.scheduled if s.needs_sample}
         runner_output = ModelRunnerOutput(sampled)
         before_update = time.perf_counter()
         scheduler.update_from_output(output, runner_output)

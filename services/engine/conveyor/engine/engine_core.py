@@ -262,6 +262,7 @@ class EngineCore:
             request = in_step[update.request_id]
             delta = self._delta(request, update)
             self._record_timing(request, delta, now, iteration)
+            iteration.record_drafts(update.num_draft_tokens, update.num_accepted_tokens)
             if delta.finished:
                 self._finish(request)
             else:

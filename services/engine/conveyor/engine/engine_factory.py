@@ -121,4 +121,8 @@ def _scheduler_config(settings: EngineSettings, info: EngineInfo) -> SchedulerCo
         enable_prefix_caching=settings.enable_prefix_caching,
         max_num_waiting_seqs=settings.max_num_waiting_seqs or None,
         max_num_waiting_tokens=settings.resolved_max_num_waiting_tokens(info.max_model_len),
+        num_speculative_tokens=settings.num_speculative_tokens,
+        ngram_min=settings.ngram_prompt_lookup_min,
+        ngram_max=settings.ngram_prompt_lookup_max,
+        speculative_max_running=settings.speculative_max_running,
     )

@@ -39,3 +39,22 @@ class IterationStats:
     queue_time: list[float] = field(default_factory=list)
     """Arrival to first scheduled, for requests scheduled for the first time."""
     finished: list[FinishedRequestStats] = field(default_factory=list)
+    num_drafts: int = 0
+    """Requests verified with drafts this step (speculative decoding)."""
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    """[j]: drafts accepted at position j (0: the first draft) this step."""
+
+    def record_drafts(self, num_drafts: int, num_accepted: int) -> None:
+        """One request's verification: `num_accepted` of its `num_drafts` drafts, the first
+        ones, were accepted."""
+        if not num_drafts:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        missing = num_accepted - len(self.accepted_per_position)
+        self.accepted_per_position.extend([0] * max(0, missing))
+        for position in range(num_accepted):
+            self.accepted_per_position[position] += 1

@@ -98,9 +98,22 @@ class EngineMetrics:
                           (*LABELS, "finished_reason"), registry=self.registry)
         self.request_success = {reason: success.labels(*self._labels, reason)
                                 for reason in FINISHED_REASONS}
+        self._build_spec_decode_counters()
         self.num_requests_shed = self._counter(
             "conveyor:num_requests_shed",
             "Requests refused or pushed out of the full waiting queue.")
+
+    def _build_spec_decode_counters(self) -> None:
+        self.spec_decode_num_drafts = self._counter(
+            "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.spec_decode_num_draft_tokens = self._counter(
+            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.spec_decode_num_accepted_tokens = self._counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        self._accepted_per_position = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.", (*LABELS, "position"),
+            registry=self.registry)
 
     def _build_latency_histograms(self) -> None:
         self.time_to_first_token = self._histogram(
@@ -168,8 +181,18 @@ class EngineMetrics:
         _observe_all(self.time_to_first_token, iteration.time_to_first_token)
         _observe_all(self.inter_token_latency, iteration.inter_token_latency)
         _observe_all(self.request_queue_time, iteration.queue_time)
+        self._record_drafts(iteration)
         for finished in iteration.finished:
             self._record_finished(finished)
+
+    def _record_drafts(self, iteration: IterationStats) -> None:
+        if not iteration.num_drafts:
+            return
+        self.spec_decode_num_drafts.inc(iteration.num_drafts)
+        self.spec_decode_num_draft_tokens.inc(iteration.num_draft_tokens)
+        self.spec_decode_num_accepted_tokens.inc(iteration.num_accepted_tokens)
+        for position, count in enumerate(iteration.accepted_per_position):
+            self._accepted_per_position.labels(*self._labels, str(position)).inc(count)
 
     def _record_finished(self, finished: FinishedRequestStats) -> None:
         counter = self.request_success.get(finished.finish_reason)

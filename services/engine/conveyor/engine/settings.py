@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from conveyor.common.registration_settings import RegistrationSettings
@@ -115,10 +115,33 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         "least recently used out first.",
     )
 
+    num_speculative_tokens: int = Field(
+        0, ge=0, description="Speculative decoding: most draft tokens, proposed by n-gram "
+        "prompt lookup, verified per decoding request and step (0: off). Greedy output is "
+        "unchanged and sampled output keeps its distribution; pays off when outputs repeat "
+        "their prompt (edits, quotes, rewrites); see docs/architecture.md.",
+    )
+    ngram_prompt_lookup_min: int = Field(
+        2, ge=1, description="Shortest suffix n-gram the proposer looks up.")
+    ngram_prompt_lookup_max: int = Field(
+        4, ge=1, description="Longest suffix n-gram the proposer looks up (tried first).")
+    speculative_max_running: int = Field(
+        4, ge=0, description="Speculate only while at most this many requests run: in a "
+        "larger batch each weight read already serves many tokens and drafts add compute.",
+    )
+
     @field_validator("torch_threads")
     @classmethod
     def _idle_cores_when_unset(cls, value: int | None) -> int:
         return idle_cpu_count() if value is None else value
+
+    @model_validator(mode="after")
+    def _ngram_bounds_in_order(self) -> EngineSettings:
+        if self.ngram_prompt_lookup_min > self.ngram_prompt_lookup_max:
+            raise ValueError(
+                f"CONVEYOR_ENGINE_NGRAM_PROMPT_LOOKUP_MIN ({self.ngram_prompt_lookup_min}) "
+                f"exceeds CONVEYOR_ENGINE_NGRAM_PROMPT_LOOKUP_MAX ({self.ngram_prompt_lookup_max})")
+        return self
 
     def resolved_max_num_waiting_tokens(self, max_model_len: int) -> int | None:
         """The waiting-token bound (None: no limit), with the default resolved."""

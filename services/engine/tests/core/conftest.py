@@ -41,21 +41,35 @@ class FakeRunner:
     then writes the new positions. The sampled token is `next_token(history)`.
     """
 
-    def __init__(self, vocab_size: int = 64) -> None:
+    def __init__(self, vocab_size: int = 64, model=next_token) -> None:
         self.vocab_size = vocab_size
+        self.model = model
+        """The next token of a history: (history, vocab_size) -> token."""
         self.kv: dict[int, int] = {}
         self.num_steps = 0
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         self.num_steps += 1
-        sampled: dict[str, SampledToken] = {}
+        sampled: dict[str, list[SampledToken]] = {}
         for scheduled in output.scheduled:
-            history = scheduled.prompt_token_ids + scheduled.output_token_ids
+            drafts = scheduled.draft_token_ids
+            history = scheduled.prompt_token_ids + scheduled.output_token_ids + drafts
             self._compute(scheduled, history, output.block_size)
             if scheduled.needs_sample:
-                token = next_token(history[: scheduled.seq_len], self.vocab_size)
-                sampled[scheduled.request_id] = SampledToken(token, logprob=-0.5)
+                sampled[scheduled.request_id] = self._verify(history, scheduled.seq_len, drafts)
         return ModelRunnerOutput(sampled)
+
+    def _verify(self, history: list[int], seq_len: int, drafts: list[int]) -> list[SampledToken]:
+        """Greedy verification: the next token after the known tokens, then after each draft
+        while the drafts are what comes next."""
+        known = seq_len - len(drafts)
+        tokens = []
+        for j in range(len(drafts) + 1):
+            tokens.append(SampledToken(self.model(history[:known + j], self.vocab_size),
+                                       logprob=-0.5))
+            if j == len(drafts) or tokens[-1].token_id != drafts[j]:
+                break
+        return tokens
 
     def _compute(self, scheduled: ScheduledRequest, history: list[int], block_size: int) -> None:
         start, end = scheduled.num_computed_tokens, scheduled.seq_len
@@ -84,7 +98,7 @@ class ScriptedRunner:
         for scheduled in output.scheduled:
             if scheduled.needs_sample:
                 script = self.scripts.get(scheduled.request_id, [])
-                sampled[scheduled.request_id] = SampledToken(script.pop(0) if script else 0)
+                sampled[scheduled.request_id] = [SampledToken(script.pop(0) if script else 0)]
         return ModelRunnerOutput(sampled)
 
 

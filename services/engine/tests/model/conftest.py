@@ -168,7 +168,7 @@ class StepDriver:
             r = by_id[s.request_id]
             r.num_computed += len(s.token_ids)
             if s.request_id in result.sampled:
-                r.output.append(result.sampled[s.request_id].token_id)
+                r.output.extend(t.token_id for t in result.sampled[s.request_id])
         self.num_steps += 1
 
     def run(self, arrivals: dict[int, list[tuple]] | None = None) -> dict[str, list[int]]:

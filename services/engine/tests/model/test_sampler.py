@@ -30,7 +30,7 @@ def sampler(seed: int = 0) -> Sampler:
 def counts(params: SamplingParams, logits: torch.Tensor, draws: int = 400) -> torch.Tensor:
     """How often each token is drawn for the same row repeated `draws` times."""
     reqs = [request(params, rid=str(i)) for i in range(draws)]
-    tokens = [t.token_id for t in sampler().sample(logits.repeat(draws, 1), reqs)]
+    tokens = [t.token_id for [t] in sampler().sample(logits.repeat(draws, 1), reqs)]
     return torch.bincount(torch.tensor(tokens), minlength=VOCAB)
 
 
@@ -40,7 +40,7 @@ LOGITS = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0, -2.0, -3.0]])
 def test_greedy_takes_argmax_per_row():
     logits = torch.tensor([[0.0, 5.0, 1, 0, 0, 0, 0, 0], [9.0, 0, 0, 0, 0, 0, 0, 1]])
     reqs = [request(SamplingParams(temperature=0.0)), request(SamplingParams(top_k=1))]
-    assert [t.token_id for t in sampler().sample(logits, reqs)] == [1, 0]
+    assert [t.token_id for [t] in sampler().sample(logits, reqs)] == [1, 0]
 
 
 def test_temperature_sampling_follows_softmax():
@@ -80,7 +80,7 @@ def test_seed_reproducible_across_batches_and_samplers():
         reqs = [request(params, output=output)] + [
             request(SamplingParams(temperature=1.0), rid=f"m{i}") for i in range(batch_mates)]
         logits = flat.repeat(batch_mates + 1, 1)
-        return sampler(sampler_seed).sample(logits, reqs)[0].token_id
+        return sampler(sampler_seed).sample(logits, reqs)[0][0].token_id
 
     first = [draw(list(range(pos)), 0, 0) for pos in range(12)]
     again = [draw(list(range(pos)), 3, 99) for pos in range(12)]
@@ -90,7 +90,7 @@ def test_seed_reproducible_across_batches_and_samplers():
 
 def test_different_seeds_differ():
     flat = torch.zeros(1, VOCAB)
-    draws = {tuple(sampler().sample(flat, [request(SamplingParams(seed=s), output=[0] * p)])[0]
+    draws = {tuple(sampler().sample(flat, [request(SamplingParams(seed=s), output=[0] * p)])[0][0]
                    .token_id for p in range(6)) for s in range(5)}
     assert len(draws) > 1
 
@@ -98,8 +98,8 @@ def test_different_seeds_differ():
 def test_unseeded_sampler_seed_reproducible():
     reqs = [request(SamplingParams(temperature=1.0), rid=str(i)) for i in range(20)]
     logits = torch.zeros(20, VOCAB)
-    first = [t.token_id for t in sampler(7).sample(logits, reqs)]
-    assert first == [t.token_id for t in sampler(7).sample(logits, reqs)]
+    first = [t.token_id for [t] in sampler(7).sample(logits, reqs)]
+    assert first == [t.token_id for [t] in sampler(7).sample(logits, reqs)]
 
 
 def test_repetition_penalty_over_prompt_and_output():
@@ -133,7 +133,7 @@ def test_logit_bias_added_and_steers_greedy():
     params = SamplingParams(temperature=0.0, logit_bias={5: 3.0, 2: -100.0})
     processed = processed_logits(logits, request(params))
     assert processed[0, 5] == 3.0 and processed[0, 2] == -100.0
-    assert sampler().sample(logits, [request(params)])[0].token_id == 5
+    assert sampler().sample(logits, [request(params)])[0][0].token_id == 5
 
 
 def test_min_tokens_masks_eos_and_stop_ids_until_reached():
@@ -141,22 +141,22 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached():
     logits[0, EOS] = 10.0
     logits[0, 3] = 9.0
     params = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[3])
-    assert sampler().sample(logits, [request(params, output=[1])])[0].token_id not in (EOS, 3)
-    assert sampler().sample(logits, [request(params, output=[1, 1])])[0].token_id == EOS
+    assert sampler().sample(logits, [request(params, output=[1])])[0][0].token_id not in (EOS, 3)
+    assert sampler().sample(logits, [request(params, output=[1, 1])])[0][0].token_id == EOS
 
 
 def test_min_tokens_with_ignore_eos_only_masks_stop_ids():
     logits = torch.zeros(1, VOCAB)
     logits[0, EOS] = 10.0
     params = SamplingParams(temperature=0.0, min_tokens=2, ignore_eos=True)
-    assert sampler().sample(logits, [request(params)])[0].token_id == EOS
+    assert sampler().sample(logits, [request(params)])[0][0].token_id == EOS
 
 
 def test_logprobs_are_raw_model_logprobs():
     logits = LOGITS.clone()
     params = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3,
                             logit_bias={4: 50.0})
-    token = sampler().sample(logits, [request(params)])[0]
+    token = sampler().sample(logits, [request(params)])[0][0]
     raw = LOGITS.log_softmax(-1)[0]
     assert token.token_id == 4
     assert token.logprob == pytest.approx(raw[4].item(), abs=1e-6)
@@ -169,7 +169,7 @@ def test_logprobs_only_for_rows_that_ask():
     reqs = [request(SamplingParams(temperature=0.0, top_logprobs=2), rid="a"),
             request(SamplingParams(temperature=0.0), rid="b"),
             request(SamplingParams(temperature=0.0, logprobs=True), rid="c")]
-    a, b, c = sampler().sample(LOGITS.repeat(3, 1), reqs)
+    [a], [b], [c] = sampler().sample(LOGITS.repeat(3, 1), reqs)
     assert len(a.top_logprobs) == 2 and a.logprob is not None
     assert b.logprob is None and b.top_logprobs is None
     assert c.logprob is not None and c.top_logprobs is None
@@ -181,7 +181,7 @@ def test_mixed_batch_greedy_and_random_rows():
             request(SamplingParams(temperature=1.0, top_k=2, seed=5), rid="s"),
             request(SamplingParams(temperature=1.0, top_p=0.5), rid="p"),
             request(SamplingParams(temperature=1e-9), rid="tiny")]
-    tokens = [t.token_id for t in sampler().sample(logits, reqs)]
+    tokens = [t.token_id for [t] in sampler().sample(logits, reqs)]
     assert tokens[0] == 0 and tokens[1] in (0, 1) and tokens[2] == 0 and tokens[3] == 0
 
 

@@ -23,7 +23,7 @@ def test_tokens_and_logprobs_come_back_in_one_read(monkeypatch):
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 1.0]])
     requests = [request(SamplingParams(temperature=0.0, logprobs=True, top_logprobs=2), "a"),
                 request(SamplingParams(temperature=0.7, seed=3, logprobs=True), "b")]
-    a, b = Sampler([3], 4, seed=0).sample(logits, requests)
+    [a], [b] = Sampler([3], 4, seed=0).sample(logits, requests)
     assert len(reads) == 1
     raw = logits.log_softmax(dim=-1)
     assert a.token_id == 1 and a.logprob == raw[0, 1].item()

@@ -65,8 +65,8 @@ class FakeRunner:
         sampled, prompt_logprobs = {}, {}
         for scheduled in output.scheduled:
             if scheduled.needs_sample:
-                sampled[scheduled.request_id] = SampledToken(
-                    self._next(scheduled), logprob=-0.25, top_logprobs=[(1, -0.1), (2, -0.2)])
+                sampled[scheduled.request_id] = [SampledToken(
+                    self._next(scheduled), logprob=-0.25, top_logprobs=[(1, -0.1), (2, -0.2)])]
             entries = _prompt_logprobs(scheduled)
             if entries:
                 prompt_logprobs[scheduled.request_id] = entries

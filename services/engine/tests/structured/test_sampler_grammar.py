@@ -37,7 +37,7 @@ def row(params: SamplingParams, grammar=None, output: list[int] | None = None,
 
 def sample(rows: list[ScheduledRequest], logits: torch.Tensor | None = None, seed: int = 0):
     logits = LOGITS.repeat(len(rows), 1) if logits is None else logits
-    return Sampler([EOS], len(TOKENS), seed=seed).sample(logits, rows)
+    return [token for [token] in Sampler([EOS], len(TOKENS), seed=seed).sample(logits, rows)]
 
 
 def test_greedy_takes_the_best_allowed_token_not_the_best_token(matcher):

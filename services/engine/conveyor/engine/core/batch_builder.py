@@ -25,25 +25,29 @@ class BatchBuilder:
     def __len__(self) -> int:
         return len(self._scheduled)
 
-    def add(self, request: Request, num_tokens: int) -> ScheduledRequest:
-        """Schedule `num_tokens` of the request's tokens from `num_computed_tokens` on; its
-        blocks must already be allocated."""
+    def add(self, request: Request, num_tokens: int,
+            drafts: list[int] | None = None) -> ScheduledRequest:
+        """Schedule `num_tokens` of the request's tokens from `num_computed_tokens` on, then
+        the `drafts` proposed to follow them (a decoding request: its last token); the
+        blocks for all of them must already be allocated."""
+        drafts = drafts or []
         start = request.num_computed_tokens
         end = start + num_tokens
         scheduled = ScheduledRequest(
             request_id=request.request_id,
-            token_ids=request.token_ids_in(start, end),
+            token_ids=request.token_ids_in(start, end) + drafts,
             num_computed_tokens=start,
             block_table=self.kv.block_table(request.request_id),
-            slot_mapping=self.kv.slot_mapping(request.request_id, start, end),
+            slot_mapping=self.kv.slot_mapping(request.request_id, start, end + len(drafts)),
             needs_sample=end == request.num_tokens,
+            draft_token_ids=drafts,
             sampling_params=request.sampling_params,
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
             grammar=request.grammar.matcher if request.grammar is not None else None,
         )
         self._scheduled[request.request_id] = scheduled
-        self.token_budget -= num_tokens
+        self.token_budget -= num_tokens + len(drafts)
         return scheduled
 
     def remove(self, request_id: str) -> None:

@@ -35,6 +35,15 @@ class SchedulerConfig:
     max_num_waiting_tokens: int | None = None
     """Most tokens the waiting requests may still have to compute (None: no limit); at
     least max_model_len, so one request always fits an empty queue."""
+    num_speculative_tokens: int = 0
+    """Most draft tokens a decoding request is verified with per step (0: no speculation);
+    see conveyor.engine.spec."""
+    ngram_min: int = 2
+    ngram_max: int = 4
+    """The n-gram lengths the prompt-lookup proposer matches, longest first."""
+    speculative_max_running: int = 4
+    """Speculate only while at most this many requests run: a larger batch already reads
+    each weight once for many tokens, and draft rows would only add compute."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -55,6 +64,13 @@ class SchedulerConfig:
             value = getattr(self, name)
             if value < 1:
                 raise InvalidSchedulerConfig(f"{name} must be at least 1, got {value}")
+        for name in ("num_speculative_tokens", "speculative_max_running"):
+            value = getattr(self, name)
+            if value < 0:
+                raise InvalidSchedulerConfig(f"{name} must be at least 0, got {value}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise InvalidSchedulerConfig(f"need 1 <= ngram_min ({self.ngram_min}) <= ngram_max "
+                                         f"({self.ngram_max})")
         for name in ("long_prefill_token_threshold", "max_num_waiting_seqs",
                      "max_num_waiting_tokens"):
             value = getattr(self, name)

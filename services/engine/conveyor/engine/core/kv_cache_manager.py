@@ -126,6 +126,15 @@ class KVCacheManager:
         if table is not None:
             self.pool.free(self.pool.blocks[block_id] for block_id in reversed(table))
 
+    def free_tail(self, request: Request, num_tokens: int) -> None:
+        """Return the request's blocks past those its first `num_tokens` positions need
+        (they hold only rejected drafts' KV, never cached), last block first."""
+        table = self._tables[request.request_id]
+        keep = -(-num_tokens // self.block_size)
+        if len(table) > keep:
+            self.pool.free(self.pool.blocks[block_id] for block_id in reversed(table[keep:]))
+            del table[keep:]
+
     def num_reclaimable_blocks(self, request: Request, keep: Sequence[KVCacheBlock] = ()) -> int:
         """Blocks that `free(request)` would return to the free queue, not counting `keep`
         (blocks shared with other tables stay in use)."""

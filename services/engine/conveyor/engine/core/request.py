@@ -74,6 +74,13 @@ class Request:
     sample_index: int = 0
     timing: RequestTiming = field(default_factory=lambda: RequestTiming(time.monotonic()))
     """When things happened to it (EngineCore writes it; its trace spans are cut from it)."""
+    num_draft_tokens: int = 0
+    """Draft tokens its steps verified (speculative decoding), over its life."""
+    num_accepted_tokens: int = 0
+    """Of those, the ones accepted: output tokens gained without a step of their own."""
+    draft_limit: int | None = None
+    """Most drafts its next step verifies, adapted to how many it accepted last time
+    (None: the configured num_speculative_tokens)."""
     grammar: RequestGrammar | None = None
     """Its structured-output constraint (sampling_params.structured_outputs) once EngineCore
     has asked for its grammar; the scheduler passes the request over until it has started."""

@@ -17,6 +17,7 @@ from conveyor.engine.core.scheduler_stats import SchedulerStats
 from conveyor.engine.core.stop_check import check_finished
 from conveyor.engine.core.waiting_bounds import WaitingBounds
 from conveyor.engine.core.waiting_queue import WaitingQueue
+from conveyor.engine.spec.ngram_proposer import NgramProposer
 
 
 class Scheduler:
@@ -57,6 +58,9 @@ class Scheduler:
         self._step_in_flight = False
         self._aborted_in_flight: list[Request] = []
         self._finished_request_ids: list[str] = []
+        self.proposer = (NgramProposer(config.ngram_min, config.ngram_max)
+                         if config.num_speculative_tokens else None)
+        """Proposes the drafts decoding requests are verified with (None: no speculation)."""
 
     @property
     def num_waiting(self) -> int:
@@ -185,26 +189,57 @@ class Scheduler:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
-            request.num_computed_tokens += len(scheduled.token_ids)
+            num_known = scheduled.num_scheduled_tokens - len(scheduled.draft_token_ids)
+            if not scheduled.needs_sample:
+                request.num_computed_tokens += num_known
+                self.kv.cache_computed_blocks(request)
+                continue
+            sampled = runner_output.sampled.get(request.request_id)
+            if not sampled:
+                raise ValueError(f"model runner returned no token for {request.request_id!r}")
+            update = self._append_tokens(request, sampled, len(scheduled.draft_token_ids))
+            # The KV of the known tokens and of the drafts kept is computed; the last new
+            # token's is not, nor (ever) that of the drafts rejected.
+            request.num_computed_tokens += num_known + len(update.new_tokens) - 1
             self.kv.cache_computed_blocks(request)
-            if scheduled.needs_sample:
-                sampled = runner_output.sampled.get(request.request_id)
-                if sampled is None:
-                    raise ValueError(f"model runner returned no token for {request.request_id!r}")
-                updates.append(self._append_token(request, sampled))
+            if update.finish_reason is not None:
+                self._finish(request, update.finish_reason)
+            elif scheduled.draft_token_ids:
+                self.kv.free_tail(request, request.num_tokens)
+            updates.append(update)
         self._step_in_flight = False
         self._free_aborted()
         return updates
 
     def _schedule_running(self, batch: BatchBuilder) -> None:
+        speculate = self.proposer is not None and (
+            len(self.running) <= self.config.speculative_max_running)
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             if batch.token_budget == 0:
                 break
             num_tokens = self._chunk_size(request.num_tokens_to_compute, batch.token_budget)
-            if num_tokens > 0 and self._allocate_or_preempt(request, num_tokens, batch):
-                batch.add(request, num_tokens)
+            drafts = self._drafts(request, batch.token_budget - 1) if speculate else []
+            if drafts and self.kv.allocate_slots(request, num_tokens + len(drafts)) is None:
+                drafts = []  # drafts never preempt anyone
+            if num_tokens > 0 and (drafts or self._allocate_or_preempt(request, num_tokens,
+                                                                       batch)):
+                batch.add(request, num_tokens, drafts)
+
+    def _drafts(self, request: Request, token_budget: int) -> list[int]:
+        """Tokens proposed to follow a decoding request's last one, verified in its step.
+
+        None for a request still prefilling or under a grammar (its matcher would have to
+        follow the drafts); never more than it may still generate, so that every accepted
+        draft and the token sampled after them are output it is allowed."""
+        if request.num_tokens_to_compute != 1 or request.grammar is not None:
+            return []
+        limit = request.draft_limit or self.config.num_speculative_tokens
+        room = min(request.max_tokens - request.num_output_tokens,
+                   self.config.max_model_len - request.num_tokens) - 1
+        k = min(limit, room, token_budget)
+        return self.proposer.propose(request.all_token_ids, k) if k > 0 else []
 
     def _allocate_or_preempt(self, request: Request, num_tokens: int, batch: BatchBuilder) -> bool:
         """Allocate the request's slots, preempting victims until it fits; False if the
@@ -307,20 +342,35 @@ class Scheduler:
             num_remaining = min(num_remaining, threshold)
         return min(num_remaining, token_budget)
 
-    def _append_token(self, request: Request, sampled: SampledToken) -> RequestUpdate:
-        request.output_token_ids.append(sampled.token_id)
-        if request.grammar is not None:
-            request.grammar.accept(sampled.token_id)
-        reason = check_finished(request, self.eos_token_ids, self.config.max_model_len)
-        if reason is not None:
-            self._finish(request, reason)
+    def _append_tokens(self, request: Request, sampled: list[SampledToken],
+                       num_drafts: int) -> RequestUpdate:
+        """Append the step's tokens up to the first that finishes the request (those after
+        it are dropped), and adapt how many drafts it is verified with next."""
+        new_tokens: list[SampledToken] = []
+        reason = None
+        for token in sampled:
+            request.output_token_ids.append(token.token_id)
+            if request.grammar is not None:
+                request.grammar.accept(token.token_id)
+            new_tokens.append(token)
+            reason = check_finished(request, self.eos_token_ids, self.config.max_model_len)
+            if reason is not None:
+                break
+        if num_drafts:
+            num_accepted = len(sampled) - 1
+            request.num_draft_tokens += num_drafts
+            request.num_accepted_tokens += num_accepted
+            request.draft_limit = (None if num_accepted == num_drafts
+                                   else max(1, num_accepted + 1))
         return RequestUpdate(
             request_id=request.request_id,
-            new_tokens=[sampled],
+            new_tokens=new_tokens,
             finish_reason=reason,
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens or 0,
+            num_draft_tokens=num_drafts,
+            num_accepted_tokens=len(sampled) - 1,
         )
 
     def _finish(self, request: Request, reason: FinishReason) -> None:

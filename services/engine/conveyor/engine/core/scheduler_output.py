@@ -40,10 +40,19 @@ class ScheduledRequest:
     grammar: GrammarMatcher | None = None
     """A constrained request's matcher, at its output so far: the sampler masks the tokens
     it does not allow."""
+    draft_token_ids: list[int] = field(default_factory=list)
+    """Proposed tokens after the known ones, the tail of `token_ids` (speculative decoding):
+    the logits of the last known token and of each draft are sampled, and the drafts are
+    accepted while they agree with what is sampled (conveyor.engine.sampling.verification)."""
 
     @property
     def num_scheduled_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_sample_rows(self) -> int:
+        """Logit rows sampled for it this step: its last known token's and one per draft."""
+        return 1 + len(self.draft_token_ids) if self.needs_sample else 0
 
     @property
     def seq_len(self) -> int:
@@ -93,9 +102,10 @@ class PromptTokenLogprob:
 
 @dataclass(slots=True)
 class ModelRunnerOutput:
-    """Sampled tokens by request id; requests with needs_sample=False are absent."""
+    """Sampled tokens by request id; requests with needs_sample=False are absent. Each
+    request gained one token, or with drafts the accepted drafts and the token after them."""
 
-    sampled: dict[str, SampledToken] = field(default_factory=dict)
+    sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[PromptTokenLogprob]] = field(default_factory=dict)
     """For requests that asked for prompt logprobs, those of the prompt positions this
     step computed (in order; see worker/prompt_logprobs.py)."""

@@ -74,13 +74,13 @@ class ModelRunner:
             return ModelRunnerOutput(prompt_logprobs=prompt)
         sampled = self.sampler.sample(logits, inputs.sample_requests)
         self.inputs.fence.mark_complete()  # reading the tokens waited for the stream
-        return ModelRunnerOutput({r.request_id: token for r, token
+        return ModelRunnerOutput({r.request_id: tokens for r, tokens
                                   in zip(inputs.sample_requests, sampled, strict=True)}, prompt)
 
     @torch.inference_mode()
     def compute_logits(self, output: SchedulerOutput) -> torch.Tensor:
-        """Run one step like `execute` but return the fp32 logits [N, V] of the
-        requests that need a sample (in scheduled order) instead of sampling."""
+        """Run one step like `execute` but return the fp32 logits [R, V] of the rows
+        it would sample (in scheduled order) instead of sampling."""
         return self._logits(output)[1].float()
 
     def _logits(self, output: SchedulerOutput) -> tuple[StepInputs, torch.Tensor]:

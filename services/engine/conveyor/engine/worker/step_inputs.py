@@ -33,9 +33,11 @@ class StepInputs:
     """[T]"""
     meta: AttentionMetadata
     sample_indices: torch.Tensor
-    """[N] flat index of the last token of each request that needs a sample."""
+    """[R] flat index of each row sampled: per request that needs a sample, its last known
+    token, then each of its drafts (speculative decoding), in order."""
     sample_requests: list[ScheduledRequest]
-    """The N requests, in the order of sample_indices."""
+    """The requests that need a sample, in the order of sample_indices (request i has
+    `num_sample_rows` consecutive rows)."""
 
 
 class StepInputBuilder:
@@ -59,7 +61,7 @@ class StepInputBuilder:
         self._token_request = StagedBuffer((tokens,), torch.int64, device)
         self._query_start_loc = StagedBuffer((seqs + 1,), torch.int64, device)
         self._seq_lens = StagedBuffer((seqs,), torch.int64, device)
-        self._sample_indices = StagedBuffer((seqs,), torch.int64, device)
+        self._sample_indices = StagedBuffer((tokens,), torch.int64, device)
         self._block_tables = StagedBuffer((seqs, self.max_blocks_per_seq), torch.int32, device)
 
     def build(self, output: SchedulerOutput, pad_to: int | None = None) -> StepInputs:
@@ -75,8 +77,7 @@ class StepInputBuilder:
         self._fill_tokens(requests, num_tokens)
         max_seq_len = int((computed + query_lens).max(initial=1))
         width = self._fill_block_tables(requests, max_seq_len)
-        sampled = [i for i, r in enumerate(requests) if r.needs_sample]
-        self._sample_indices.np[:len(sampled)] = starts[1:][sampled] - 1
+        num_rows = self._fill_sample_indices(requests, starts)
         if pad_to is not None:
             self._fill_padding(num_reqs, num_tokens, pad_to)
             num_tokens = num_reqs = pad_to
@@ -84,8 +85,8 @@ class StepInputBuilder:
                               max_seq_len)
         inputs = StepInputs(
             input_ids=self._input_ids.prefix(num_tokens), positions=meta.positions, meta=meta,
-            sample_indices=self._sample_indices.prefix(len(sampled)),
-            sample_requests=[requests[i] for i in sampled])
+            sample_indices=self._sample_indices.prefix(num_rows),
+            sample_requests=[r for r in requests if r.needs_sample])
         self.fence.record()
         return inputs
 
@@ -146,6 +147,17 @@ class StepInputBuilder:
         self._token_request.np[:num_tokens] = owner
         self._positions.np[:num_tokens] = np.arange(num_tokens) - starts[owner] + computed[owner]
         return starts
+
+    def _fill_sample_indices(self, requests: list[ScheduledRequest],
+                             starts: np.ndarray) -> int:
+        """Request i's m = num_sample_rows rows are its last m tokens: indices
+        starts[i + 1] - m .. starts[i + 1] - 1. Returns the number of rows."""
+        rows = np.fromiter((r.num_sample_rows for r in requests), np.int64, len(requests))
+        num_rows = int(rows.sum())
+        first_row = np.repeat(np.cumsum(rows) - rows, rows)
+        self._sample_indices.np[:num_rows] = (np.repeat(starts[1:] - rows, rows)
+                                              + np.arange(num_rows) - first_row)
+        return num_rows
 
     def _fill_tokens(self, requests: list[ScheduledRequest], num_tokens: int) -> None:
         self._input_ids.np[:num_tokens] = np.fromiter(

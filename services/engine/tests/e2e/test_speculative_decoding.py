@@ -1,0 +1,96 @@
+"""Speculative decoding (n-gram drafts) on the bundled model, offline, in float32: greedy
+output equals the output without drafts token for token, in fewer steps; sampled output
+keeps its distribution (a two-sample chi-square over many seeds)."""
+
+from __future__ import annotations
+
+import gc
+from collections import Counter
+
+import pytest
+
+from conveyor.engine import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+COPYING = [
+    "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog near the river.",
+    "Rename the variable x to total in this code:\n\ndef add(x, y):\n    x = x + y\n"
+    "    return x\n",
+    "Rewrite this JSON with the keys in upper case: {\"name\": \"Ada\", \"city\": \"Paris\", "
+    "\"age\": 36}",
+]
+
+
+@pytest.fixture(scope="module")
+def engines(engine_test_support):
+    def make(**settings) -> LLM:
+        return LLM(engine_test_support.model, dtype="float32", max_model_len=1536,
+                   kv_cache_gib=0.2, torch_threads=engine_test_support.torch_threads,
+                   max_num_seqs=64, **settings)
+    plain = make()
+    spec = make(num_speculative_tokens=4, speculative_max_running=64)
+    yield plain, spec
+    del plain, spec
+    gc.collect()
+
+
+def prompts(support) -> list[list[int]]:
+    tokenizer = support.tokenizer
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                           add_generation_prompt=True) for text in COPYING]
+    chats = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    return chats + [case.token_ids for case in support.cases]
+
+
+def counting_steps(llm: LLM) -> list[int]:
+    """Counts llm's engine steps (a list so the test reads it after generate)."""
+    count = [0]
+    step = llm.core.step
+
+    def counted():
+        count[0] += 1
+        return step()
+    llm.core.step = counted
+    return count
+
+
+def test_greedy_output_is_the_same_in_fewer_steps(engines, engine_test_support):
+    plain, spec = engines
+    greedy = SamplingParams(temperature=0.0, max_tokens=48)
+    items = [{"prompt_token_ids": ids} for ids in prompts(engine_test_support)]
+    steps = {}
+    outputs = {}
+    for name, llm in (("plain", plain), ("spec", spec)):
+        for item in items:  # one at a time: c1, where speculation pays
+            count = counting_steps(llm)
+            [out] = llm.generate([item], greedy, use_tqdm=False)
+            llm.core.step = type(llm.core).step.__get__(llm.core)
+            steps[name] = steps.get(name, 0) + count[0]
+            outputs.setdefault(name, []).append(out.outputs[0].token_ids)
+    assert outputs["spec"] == outputs["plain"]
+    assert steps["spec"] < 0.9 * steps["plain"], steps  # measured 285 vs 348
+
+
+def test_sampled_output_keeps_its_distribution(engines):
+    """Four tokens allowed (logit_bias), a prompt that repeats them so drafts are proposed;
+    the third output token's distribution over 400 seeds, with and without drafts, passes a
+    two-sample chi-square at p = 0.001 (3 degrees of freedom: 16.27)."""
+    plain, spec = engines
+    allowed = [330, 331, 332, 333]
+    prompt = allowed * 6
+    counts = {}
+    for name, llm in (("plain", plain), ("spec", spec)):
+        params = [SamplingParams(temperature=1.0, seed=seed, max_tokens=3, ignore_eos=True,
+                                 logit_bias={t: 100.0 for t in allowed})
+                  for seed in range(400)]
+        outputs = llm.generate([{"prompt_token_ids": prompt}] * 400, params, use_tqdm=False)
+        counts[name] = Counter(o.outputs[0].token_ids[2] for o in outputs)
+    assert set(counts["plain"]) <= set(allowed) and set(counts["spec"]) <= set(allowed)
+    statistic = 0.0
+    for token in allowed:
+        a, b = counts["plain"][token], counts["spec"][token]
+        if a + b:
+            expected = (a + b) / 2  # equal totals: each side expects half the pooled count
+            statistic += (a - expected) ** 2 / expected + (b - expected) ** 2 / expected
+    assert statistic < 16.27, counts
