@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bench.inprocess_engine import make_llm, run_inprocess
 from bench.serving.workload import BenchRequest, load_prompt_maker
+from conveyor.engine.native.cpu_features import cpu_features
 
 COPYING = [
     "Rename the variable x to total in this function and show the whole function:\n\n"
@@ -97,7 +98,9 @@ def main() -> None:
     }
     figures: dict = {"k": args.k, "rounds": args.rounds, "max_tokens": args.max_tokens,
                      "speculative_max_running": scheduler.config.speculative_max_running,
-                     "dtype": str(llm.core.runner.config.torch_dtype).removeprefix("torch.")}
+                     "dtype": str(llm.core.runner.config.torch_dtype).removeprefix("torch."),
+                     "torch_threads": llm.settings.torch_threads,
+                     "cpu": cpu_features().describe()}
     for name, (concurrency, requests, ignore_eos) in workloads.items():
         samples: dict[str, dict[str, list[float]]] = {"off": {}, "ngram": {}}
         counts = {"draft": 0, "accepted": 0, "steps": {"off": 0, "ngram": 0}}
@@ -160,7 +163,8 @@ def markdown(figures: dict, arguments: str) -> str:
         "## Speculative decoding, n-gram drafts (issue 35)", "",
         f"`HF_HUB_OFFLINE=1 .venv/bin/python -m bench.speculative {arguments}` on "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, in process (the bundled model, "
-        f"{figures['dtype']}, greedy, the engine's default torch threads), k = {figures['k']} "
+        f"{figures['dtype']}, greedy, {figures['torch_threads']} torch thread(s): the engine's "
+        f"default, the cores idle at start; CPU: {figures['cpu']}), k = {figures['k']} "
         f"drafts at most, speculation while at most {figures['speculative_max_running']} "
         f"requests run; {figures['rounds']} rounds with the arms alternating after a warm-up; "
         f"load average {figures['load_average'][0]} -> {figures['load_average'][1]}.", "",

@@ -156,7 +156,7 @@ def _render_suite(results: dict, doc: Path, img_dir: Path) -> list[str]:
     return out
 
 
-STANDALONE_SECTIONS = ("structured_outputs.md",)
+STANDALONE_SECTIONS = ("structured_outputs.md", "speculative.md")
 """Sections that benchmarks run on their own write into the report's img/ folder (`--out`);
 each is kept, as written, above "How it is measured"."""
 
