@@ -5,7 +5,6 @@ on request_success) and, for the latency histograms, vLLM's buckets."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import urllib.request
 
 import grpc
@@ -44,16 +43,10 @@ EXPECTED = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def scraped(module_launch) -> dict:
     """The families of an engine's /metrics after two requests (length, then stop)."""
-    port = _free_port()
+    port = module_launch.free_port()
     [engine] = module_launch.engines("vllm-metrics", METRICS_PORT=str(port))
 
     async def serve_two() -> None:

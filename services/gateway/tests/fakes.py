@@ -72,8 +72,9 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
 
 @dataclass
 class FakeEngine(engine_pb2_grpc.EngineServicer):
-    """Streams SCRIPT one character per chunk, `delay_s` apart. `fail_after` tokens
-    (None: never) it aborts with `fail_code`. Tracks running and cancelled requests."""
+    """Streams SCRIPT one character per chunk, `delay_s` apart, each token reported as
+    coming with 2 verified drafts, 1 accepted. `fail_after` tokens (None: never) it aborts
+    with `fail_code`. Tracks running and cancelled requests."""
 
     delay_s: float = 0.0
     fail_after: int | None = None
@@ -109,6 +110,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             await asyncio.sleep(self.delay_s)
             token = ord(SCRIPT[i % len(SCRIPT)])
             last = i == sampling.max_tokens - 1
+            num_produced = i + 1 - len(request.resume_output_token_ids)  # by this engine
             for index in range(max(1, request.n)):
                 first = i == len(request.resume_output_token_ids) and index == 0
                 yield engine_pb2.GenerateResponse(
@@ -117,7 +119,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                     logprobs=[_logprobs(token, sampling)] if sampling.logprobs else [],
                     finish_reason=engine_pb2.FINISH_REASON_LENGTH if last else 0,
                     usage=engine_pb2.Usage(prompt_tokens=num_prompt, completion_tokens=i + 1,
-                                           cached_tokens=3),
+                                           cached_tokens=3, draft_tokens=2 * num_produced,
+                                           accepted_draft_tokens=num_produced),
                     prompt_logprobs=_prompt_logprobs(request) if first else [],
                 )
 

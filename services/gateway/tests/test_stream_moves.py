@@ -46,6 +46,8 @@ async def test_a_stream_whose_engine_fails_goes_on_on_another(gateway_factory, r
     assert resumed.prompt_token_ids == first.prompt_token_ids
     assert resumed.sampling.max_tokens == first.sampling.max_tokens == 8
     assert timeline["num_moves"] == 1 and timeline["engine_id"] in ("a", "b")
+    # 2 drafts and 1 accepted per token (fakes.FakeEngine): both engines' counts
+    assert (timeline["num_draft_tokens"], timeline["num_accepted_draft_tokens"]) == (16, 8)
 
 
 async def test_with_no_moves_allowed_the_client_gets_the_error_event(gateway_factory, redis,
@@ -81,3 +83,4 @@ async def test_the_samples_of_a_shared_stream_move_together_each_alone(gateway_f
                for r in resumed)
     assert len({r.request_id for r in resumed}) == 3
     assert timeline["num_moves"] == 1
+    assert (timeline["num_draft_tokens"], timeline["num_accepted_draft_tokens"]) == (48, 24)

@@ -125,7 +125,18 @@ async def test_the_timeline_of_a_request(gateway):
     assert timeline["arrival"] <= timeline["admitted"] <= timeline["queued"] \
         <= timeline["first_token"] <= timeline["finished"]
     assert (timeline["num_completion_tokens"], timeline["num_cached_tokens"]) == (5, 3)
+    # the fake engine's usage: 2 drafts verified per token, 1 accepted
+    assert (timeline["num_draft_tokens"], timeline["num_accepted_draft_tokens"]) == (10, 5)
     assert timeline["engine_id"] == served.headers["x-conveyor-engine"]
+
+
+async def test_the_draft_counts_of_n_samples_add_up_on_the_timeline_only(gateway):
+    async with gateway.client() as client:
+        served = await client.post("/v1/chat/completions", json={**CHAT, "n": 3})
+        timeline = await _finished_timeline(client, served.headers["x-request-id"])
+    assert (timeline["num_draft_tokens"], timeline["num_accepted_draft_tokens"]) == (30, 15)
+    assert set(served.json()["usage"]) == {  # OpenAI's usage has no draft counts (vLLM's neither)
+        "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"}
 
 
 async def test_a_rejected_request_has_a_finished_timeline(gateway):
@@ -134,6 +145,7 @@ async def test_a_rejected_request_has_a_finished_timeline(gateway):
         timeline = await _finished_timeline(client, refused.headers["x-request-id"])
     assert refused.status_code == 404
     assert timeline["finish_reason"] == "rejected" and timeline["admitted"] is None
+    assert timeline["num_draft_tokens"] is None
 
 
 async def _finished_timeline(client, request_id: str, timeout_s: float = 2.0) -> dict:

@@ -286,6 +286,8 @@ class EngineCore:
             num_prompt_tokens=update.num_prompt_tokens,
             num_output_tokens=update.num_output_tokens,
             num_cached_tokens=update.num_cached_tokens,
+            num_draft_tokens=request.num_draft_tokens,
+            num_accepted_draft_tokens=request.num_accepted_tokens,
         )
 
     def _record_timing(self, request: Request, delta: RequestDelta, now: float,

@@ -33,6 +33,11 @@ class RequestDelta:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    num_draft_tokens: int = 0
+    """Drafts speculative decoding verified for this sample so far."""
+    num_accepted_draft_tokens: int = 0
+    """Of those, the ones the sampler accepted (including any dropped after a token that
+    finished the sample)."""
     error: str | None = None
     invalid_request: bool = False
     timing: RequestTiming | None = None

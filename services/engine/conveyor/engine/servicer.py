@@ -164,7 +164,9 @@ def to_response(delta: RequestDelta) -> engine_pb2.GenerateResponse:
         finish_reason=_FINISH_REASONS[delta.finish_reason],
         usage=engine_pb2.Usage(prompt_tokens=delta.num_prompt_tokens,
                                completion_tokens=delta.num_output_tokens,
-                               cached_tokens=delta.num_cached_tokens),
+                               cached_tokens=delta.num_cached_tokens,
+                               draft_tokens=delta.num_draft_tokens,
+                               accepted_draft_tokens=delta.num_accepted_draft_tokens),
     )
     for sampled in delta.new_logprobs or ():
         position = response.logprobs.add(logprob=sampled.logprob or 0.0)

@@ -38,7 +38,8 @@ of i, EOS is last; the regex [0-9]* allows every output of FakeRunner."""
 
 
 class FakeRunner:
-    """Samples `(last token + 1) % (VOCAB_SIZE - 1)` (never EOS unless told to).
+    """Samples `(last token + 1) % (VOCAB_SIZE - 1)` (never EOS unless told to); drafts
+    are accepted while they are what it samples.
 
     `fail_on` makes a step containing that prompt's first token fail; `step_gate`
     (a threading.Event) holds every step until it is set, so tests can act mid-stream.
@@ -65,17 +66,29 @@ class FakeRunner:
         sampled, prompt_logprobs = {}, {}
         for scheduled in output.scheduled:
             if scheduled.needs_sample:
-                sampled[scheduled.request_id] = [SampledToken(
-                    self._next(scheduled), logprob=-0.25, top_logprobs=[(1, -0.1), (2, -0.2)])]
+                sampled[scheduled.request_id] = self._sample(scheduled)
             entries = _prompt_logprobs(scheduled)
             if entries:
                 prompt_logprobs[scheduled.request_id] = entries
         return ModelRunnerOutput(sampled, prompt_logprobs)
 
-    def _next(self, scheduled) -> int:
-        if self.eos_after is not None and len(scheduled.output_token_ids) >= self.eos_after:
-            return EOS
+    def _sample(self, scheduled) -> list[SampledToken]:
+        """The next token; with drafts, those that are what it samples next (greedy
+        verification) and the token after them."""
+        num_prompt = len(scheduled.prompt_token_ids)
         history = scheduled.prompt_token_ids + scheduled.output_token_ids
+        tokens = []
+        for draft in [*scheduled.draft_token_ids, None]:
+            token = self._next(history, len(history) - num_prompt)
+            tokens.append(SampledToken(token, logprob=-0.25, top_logprobs=[(1, -0.1), (2, -0.2)]))
+            if token != draft:
+                break
+            history.append(token)
+        return tokens
+
+    def _next(self, history: list[int], num_output: int) -> int:
+        if self.eos_after is not None and num_output >= self.eos_after:
+            return EOS
         return (history[-1] + 1) % (VOCAB_SIZE - 1)
 
 

@@ -153,3 +153,15 @@ async def test_prompt_logprobs_out_of_range_is_invalid_argument(served):
         await _tokens(stub, _generate("p", [5, 6, 7], prompt_logprobs=21))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "prompt_logprobs" in caught.value.details()
+
+
+async def test_usage_carries_the_samples_draft_counts(support):
+    """After the prefill samples 3, the prompt's 1, 2, 3 proposes 4, 9, 9, 1; the fake
+    samples 4, 5: one accepted. No later n-gram of the output is in the prompt."""
+    core = support.make_core(max_model_len=64, num_speculative_tokens=4)
+    async with support.serve_engine(core) as (_, stub):
+        chunks = [c async for c in stub.Generate(_generate("a", [1, 2, 3, 4, 9, 9, 1, 2],
+                                                           max_tokens=6))]
+    assert [t for c in chunks for t in c.token_ids] == [3, 4, 5, 6, 7, 8]
+    assert [(c.usage.draft_tokens, c.usage.accepted_draft_tokens) for c in chunks] == [
+        (0, 0), (4, 1), (4, 1), (4, 1), (4, 1)]

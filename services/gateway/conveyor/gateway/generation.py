@@ -65,6 +65,10 @@ class _Progress:
     stop_token_id: int | None = None
     stopped_by_detok: bool = False
     """Detok ended the stream at a stop string: the engine's finish no longer matters."""
+    num_earlier_drafts: int = 0
+    num_earlier_accepted_drafts: int = 0
+    """Draft counts of the engines this choice moved away from (`usage` has the current
+    engine's, which start again from 0)."""
 
     @property
     def num_produced(self) -> int:
@@ -81,6 +85,12 @@ class _Progress:
             self.finish_reason = chunk.finish_reason
             self.stop_token_id = chunk.stop_token_id
 
+    def moved(self) -> None:
+        """The next chunks come from another engine: keep this one's draft counts."""
+        self.num_earlier_drafts += self.usage.draft_tokens
+        self.num_earlier_accepted_drafts += self.usage.accepted_draft_tokens
+        self.usage = TokenUsage(self.usage.prompt_tokens, cached_tokens=self.usage.cached_tokens)
+
     def delta(self, reply: DetokReply) -> GenerationDelta:
         token_ids, logprobs = self._take(reply.num_tokens)
         return GenerationDelta(reply.text_delta, token_ids, logprobs,
@@ -90,18 +100,22 @@ class _Progress:
     def stopped_by_string(self, reply: DetokReply) -> GenerationDelta:
         match = reply.stop_match
         token_ids, logprobs = self._take(match.num_tokens)
-        usage = TokenUsage(self.usage.prompt_tokens, match.num_tokens, self.usage.cached_tokens)
-        return GenerationDelta(reply.text_delta, token_ids, logprobs, "stop", match.stop, usage,
-                               reply.tool_calls, self._take_prompt_logprobs())
+        return GenerationDelta(reply.text_delta, token_ids, logprobs, "stop", match.stop,
+                               self._usage(match.num_tokens), reply.tool_calls,
+                               self._take_prompt_logprobs())
 
     def finished(self) -> GenerationDelta:
         token_ids, logprobs = self._take(len(self.token_ids))
-        usage = TokenUsage(
-            self.usage.prompt_tokens, len(self.token_ids), self.usage.cached_tokens
-        )
         return GenerationDelta("", token_ids, logprobs, self.finish_reason.value,
-                               self.stop_token_id, usage,
+                               self.stop_token_id, self._usage(len(self.token_ids)),
                                prompt_logprobs=self._take_prompt_logprobs())
+
+    def _usage(self, num_completion_tokens: int) -> TokenUsage:
+        """The choice's usage at its end, its draft counts over every engine it ran on."""
+        usage = self.usage
+        return TokenUsage(usage.prompt_tokens, num_completion_tokens, usage.cached_tokens,
+                          self.num_earlier_drafts + usage.draft_tokens,
+                          self.num_earlier_accepted_drafts + usage.accepted_draft_tokens)
 
     def _take_prompt_logprobs(self) -> list[PositionLogprobs]:
         taken, self.prompt_logprobs = self.prompt_logprobs or [], []
@@ -274,6 +288,7 @@ class ChoiceStream:
         if target is None:
             raise failure
         self.engine_id, client = target
+        self.progress.moved()
         return client.generate(self._job.resumed(self.progress.token_ids))
 
 

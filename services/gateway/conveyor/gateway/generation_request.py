@@ -413,7 +413,9 @@ class GenerationRequest:
         it produced nothing), the timeline with its end state, the routing bindings."""
         counts = {} if self.usage is None else {
             "num_completion_tokens": self.usage.num_tokens_spent,
-            "num_cached_tokens": self.usage.cached_tokens}
+            "num_cached_tokens": self.usage.cached_tokens,
+            "num_draft_tokens": self.usage.draft_tokens,
+            "num_accepted_draft_tokens": self.usage.accepted_draft_tokens}
         self._timeline.mark(Stage.FINISHED, finish_reason=self.outcome.end_state, **counts)
         timeline = self._timeline.pending(self.tenant.tenant_id)
         usage = self.usage if self.usage and self.usage.num_tokens_seen else None

@@ -25,13 +25,16 @@ from conveyor.gateway.wire import PositionLogprobs, PromptTokens, TokenUsage, To
 class UsageTotals:
     """Choice i answers prompt i // n; a prompt's cached count is its first choice's.
 
-    `completion_tokens` sums the engine's final counts of finished choices;
-    `num_tokens_seen` counts every output token that arrived, finished or not
-    (what a request that was cut short has spent)."""
+    `completion_tokens` sums the engine's final counts of finished choices, and so do
+    `draft_tokens` and `accepted_draft_tokens` (speculative decoding; for the timeline,
+    not the OpenAI usage); `num_tokens_seen` counts every output token that arrived,
+    finished or not (what a request that was cut short has spent)."""
 
     prompt_lengths: list[int]
     n: int
     completion_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
     num_tokens_seen: int = 0
     cached_by_prompt: dict[int, int] = field(default_factory=dict)
     finish_reasons: dict[int, str] = field(default_factory=dict)
@@ -46,6 +49,8 @@ class UsageTotals:
 
     def add(self, choice_index: int, usage: TokenUsage) -> None:
         self.completion_tokens += usage.completion_tokens
+        self.draft_tokens += usage.draft_tokens
+        self.accepted_draft_tokens += usage.accepted_draft_tokens
         if choice_index % self.n == 0:
             self.cached_by_prompt[choice_index // self.n] = usage.cached_tokens
 

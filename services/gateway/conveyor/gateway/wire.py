@@ -182,6 +182,10 @@ class TokenUsage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    draft_tokens: int = 0
+    """Draft tokens speculative decoding verified (0 when it is off)."""
+    accepted_draft_tokens: int = 0
+    """Of those, the ones accepted."""
 
 
 @dataclass(slots=True)
@@ -379,6 +383,8 @@ def engine_chunk(message: engine_pb2.GenerateResponse) -> EngineChunk:
             prompt_tokens=message.usage.prompt_tokens,
             completion_tokens=message.usage.completion_tokens,
             cached_tokens=message.usage.cached_tokens,
+            draft_tokens=message.usage.draft_tokens,
+            accepted_draft_tokens=message.usage.accepted_draft_tokens,
         ),
         stop_token_id=message.stop_token_id if message.HasField("stop_token_id") else None,
         index=message.index,

@@ -36,13 +36,15 @@ async def test_a_request_timeline_reads_back_its_stages_and_usage(store):
     draft.mark(Stage.FIRST_TOKEN, at=100.25)
     draft.mark(Stage.FINISHED, at=101.0)
     draft.record(num_prompt_tokens=40, num_completion_tokens=12, num_cached_tokens=32,
-                 engine_id="engine-a", finish_reason="stop")
+                 num_draft_tokens=9, num_accepted_draft_tokens=6, engine_id="engine-a",
+                 finish_reason="stop")
     await draft.save("acme")
     timeline = await store.get("req-1", "acme")
     assert (timeline.arrival, timeline.admitted, timeline.queued, timeline.finished) == \
         (100.0, 100.01, 100.05, 101.0)
     assert (timeline.num_prompt_tokens, timeline.num_completion_tokens,
             timeline.num_cached_tokens) == (40, 12, 32)
+    assert (timeline.num_draft_tokens, timeline.num_accepted_draft_tokens) == (9, 6)
     assert (timeline.engine_id, timeline.finish_reason) == ("engine-a", "stop")
     body = timeline.to_dict()
     assert body["time_to_first_token_s"] == pytest.approx(0.25)

@@ -74,6 +74,11 @@ class RequestTimeline:
     num_prompt_tokens: int | None = None
     num_completion_tokens: int | None = None
     num_cached_tokens: int | None = None
+    num_draft_tokens: int | None = None
+    """Draft tokens speculative decoding verified for its finished samples (0 when the
+    engine proposed none)."""
+    num_accepted_draft_tokens: int | None = None
+    """Of those, the ones accepted (a draft after the token that finished a sample counts)."""
     engine_id: str | None = None
     """The engine that served it (the last one, when it moved)."""
     num_moves: int | None = None
@@ -135,7 +140,8 @@ class TimelineDraft:
 
     def record(self, **values: int | str) -> None:
         """Keep usage and outcome for the next write: num_prompt_tokens,
-        num_completion_tokens, num_cached_tokens, engine_id, num_moves, finish_reason,
+        num_completion_tokens, num_cached_tokens, num_draft_tokens,
+        num_accepted_draft_tokens, engine_id, num_moves, finish_reason,
         and what the request says of itself: metadata, safety_identifier."""
         _check_recordable(values)
         self._values.update(values)
