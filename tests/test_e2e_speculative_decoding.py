@@ -28,7 +28,7 @@ def _spec_decode_counts(metrics_port: int) -> tuple[float, float]:
             samples["vllm:spec_decode_num_accepted_tokens_total"])
 
 
-def test_a_copying_requests_drafts_reach_its_timeline_and_the_engines_metrics(launch):
+def test_a_copying_requests_drafts_reach_its_timeline_and_the_engines_metrics(launch, stack):
     metrics_port = launch.free_port()
     [engine] = launch.engines("engine-speculative", NUM_SPECULATIVE_TOKENS="4",
                               METRICS_PORT=str(metrics_port))
@@ -47,3 +47,16 @@ def test_a_copying_requests_drafts_reach_its_timeline_and_the_engines_metrics(la
             time.monotonic() < deadline:
         time.sleep(0.05)
     assert counted == (drafts, accepted)
+    # Several tokens a step change nothing the caller sees: two greedy samples cut by a stop
+    # string read as they do from the stack's engine, which proposes no drafts.
+    stopped = {**body, "n": 2, "stop": ["plums"]}
+    answers = []
+    for base_url in (f"http://127.0.0.1:{gateway.port}", stack.base_url):
+        with httpx.Client(base_url=base_url, timeout=120) as client:
+            response = client.post("/v1/chat/completions", json=stopped)
+            assert response.status_code == 200, response.text
+            answers.append([(c["message"]["content"], c["finish_reason"])
+                            for c in response.json()["choices"]])
+    assert answers[0] == answers[1]
+    assert all(reason == "stop" and "pears" in text and "plums" not in text
+               for text, reason in answers[0])
