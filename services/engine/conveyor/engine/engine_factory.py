@@ -93,6 +93,8 @@ def _runner_config(settings: EngineSettings):
         seed=settings.seed,
         cuda_graphs=settings.cuda_graphs,
         cuda_graph_max_batch_size=settings.cuda_graph_max_batch_size,
+        draft_model=settings.resolved_draft_model(),
+        draft_weight_format=settings.speculative_draft_weight_format,
     )
 
 
@@ -122,6 +124,7 @@ def _scheduler_config(settings: EngineSettings, info: EngineInfo) -> SchedulerCo
         max_num_waiting_seqs=settings.max_num_waiting_seqs or None,
         max_num_waiting_tokens=settings.resolved_max_num_waiting_tokens(info.max_model_len),
         num_speculative_tokens=settings.num_speculative_tokens,
+        speculative_method=settings.speculative_method,
         ngram_min=settings.ngram_prompt_lookup_min,
         ngram_max=settings.ngram_prompt_lookup_max,
         speculative_max_running=settings.speculative_max_running,

@@ -15,6 +15,7 @@ DEFAULT_PORT = 50052
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "native")
+SPECULATIVE_METHODS = ("ngram", "draft")
 WAITING_TOKENS_PER_BATCHED_TOKEN = 8
 """The default waiting-token bound in step budgets: about 8 full prefill steps queued."""
 
@@ -121,6 +122,20 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         "unchanged and sampled output keeps its distribution; pays off when outputs repeat "
         "their prompt (edits, quotes, rewrites); see docs/architecture.md.",
     )
+    speculative_method: str = Field(
+        "ngram", description="Who proposes the drafts: ngram (prompt lookup, no model) or "
+        "draft (a draft model: speculative_draft_model in speculative_draft_weight_format, "
+        "run greedily for k steps before each verifying step; its KV pool takes as many blocks "
+        "as the model's).",
+    )
+    speculative_draft_model: str = Field(
+        "", description="The draft model (a bundled name, a .gguf file or an HF folder with "
+        "the model's vocabulary); empty: the served model itself.",
+    )
+    speculative_draft_weight_format: str = Field(
+        "q4_1_int8", description="Weights the draft model's steps read (see weight_format; "
+        "q4_1_int8 decodes one token ~3-4x faster than fp32 on the CPU).",
+    )
     ngram_prompt_lookup_min: int = Field(
         2, ge=1, description="Shortest suffix n-gram the proposer looks up.")
     ngram_prompt_lookup_max: int = Field(
@@ -142,6 +157,17 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
                 f"CONVEYOR_ENGINE_NGRAM_PROMPT_LOOKUP_MIN ({self.ngram_prompt_lookup_min}) "
                 f"exceeds CONVEYOR_ENGINE_NGRAM_PROMPT_LOOKUP_MAX ({self.ngram_prompt_lookup_max})")
         return self
+
+    def resolved_draft_model(self) -> str | None:
+        """The draft model's path when drafts come from one, else None."""
+        _check_choice("speculative_method", self.speculative_method, SPECULATIVE_METHODS)
+        if not self.num_speculative_tokens or self.speculative_method != "draft":
+            return None
+        from conveyor.engine.model.quantized_linear import WEIGHT_FORMATS
+
+        _check_choice("speculative_draft_weight_format", self.speculative_draft_weight_format,
+                      WEIGHT_FORMATS)
+        return self.speculative_draft_model or self.model
 
     def resolved_max_num_waiting_tokens(self, max_model_len: int) -> int | None:
         """The waiting-token bound (None: no limit), with the default resolved."""

@@ -25,29 +25,32 @@ class BatchBuilder:
     def __len__(self) -> int:
         return len(self._scheduled)
 
-    def add(self, request: Request, num_tokens: int,
-            drafts: list[int] | None = None) -> ScheduledRequest:
+    def add(self, request: Request, num_tokens: int, drafts: list[int] | None = None,
+            num_draft_slots: int = 0) -> ScheduledRequest:
         """Schedule `num_tokens` of the request's tokens from `num_computed_tokens` on, then
-        the `drafts` proposed to follow them (a decoding request: its last token); the
-        blocks for all of them must already be allocated."""
+        the `drafts` proposed to follow them (a decoding request: its last token), or slots
+        for `num_draft_slots` drafts the runner will propose; the blocks for all of them
+        must already be allocated."""
         drafts = drafts or []
         start = request.num_computed_tokens
         end = start + num_tokens
+        num_slots = len(drafts) or num_draft_slots
         scheduled = ScheduledRequest(
             request_id=request.request_id,
             token_ids=request.token_ids_in(start, end) + drafts,
             num_computed_tokens=start,
             block_table=self.kv.block_table(request.request_id),
-            slot_mapping=self.kv.slot_mapping(request.request_id, start, end + len(drafts)),
+            slot_mapping=self.kv.slot_mapping(request.request_id, start, end + num_slots),
             needs_sample=end == request.num_tokens,
             draft_token_ids=drafts,
+            num_draft_slots=num_draft_slots,
             sampling_params=request.sampling_params,
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
             grammar=request.grammar.matcher if request.grammar is not None else None,
         )
         self._scheduled[request.request_id] = scheduled
-        self.token_budget -= num_tokens + len(drafts)
+        self.token_budget -= num_tokens + num_slots
         return scheduled
 
     def remove(self, request_id: str) -> None:

@@ -38,6 +38,9 @@ class SchedulerConfig:
     num_speculative_tokens: int = 0
     """Most draft tokens a decoding request is verified with per step (0: no speculation);
     see conveyor.engine.spec."""
+    speculative_method: str = "ngram"
+    """Who proposes drafts: "ngram" (the scheduler, by prompt lookup) or "draft" (a draft
+    model in the runner, in the slots the scheduler leaves)."""
     ngram_min: int = 2
     ngram_max: int = 4
     """The n-gram lengths the prompt-lookup proposer matches, longest first."""
@@ -68,6 +71,9 @@ class SchedulerConfig:
             value = getattr(self, name)
             if value < 0:
                 raise InvalidSchedulerConfig(f"{name} must be at least 0, got {value}")
+        if self.speculative_method not in ("ngram", "draft"):
+            raise InvalidSchedulerConfig(f"speculative_method must be ngram or draft, got "
+                                         f"{self.speculative_method!r}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise InvalidSchedulerConfig(f"need 1 <= ngram_min ({self.ngram_min}) <= ngram_max "
                                          f"({self.ngram_max})")

@@ -59,8 +59,9 @@ class Scheduler:
         self._aborted_in_flight: list[Request] = []
         self._finished_request_ids: list[str] = []
         self.proposer = (NgramProposer(config.ngram_min, config.ngram_max)
-                         if config.num_speculative_tokens else None)
-        """Proposes the drafts decoding requests are verified with (None: no speculation)."""
+                         if config.speculative_method == "ngram" else None)
+        """Proposes the drafts decoding requests are verified with (None: the runner's draft
+        model does, in the slots left for them)."""
 
     @property
     def num_waiting(self) -> int:
@@ -212,7 +213,7 @@ class Scheduler:
         return updates
 
     def _schedule_running(self, batch: BatchBuilder) -> None:
-        speculate = self.proposer is not None and (
+        speculate = self.config.num_speculative_tokens > 0 and (
             len(self.running) <= self.config.speculative_max_running)
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
@@ -220,26 +221,29 @@ class Scheduler:
             if batch.token_budget == 0:
                 break
             num_tokens = self._chunk_size(request.num_tokens_to_compute, batch.token_budget)
-            drafts = self._drafts(request, batch.token_budget - 1) if speculate else []
-            if drafts and self.kv.allocate_slots(request, num_tokens + len(drafts)) is None:
-                drafts = []  # drafts never preempt anyone
-            if num_tokens > 0 and (drafts or self._allocate_or_preempt(request, num_tokens,
-                                                                       batch)):
-                batch.add(request, num_tokens, drafts)
+            num_drafts = self._num_drafts(request, batch.token_budget - 1) if speculate else 0
+            drafts = (self.proposer.propose(request.all_token_ids, num_drafts)
+                      if num_drafts and self.proposer is not None else [])
+            num_slots = len(drafts) if self.proposer is not None else num_drafts
+            if num_slots and self.kv.allocate_slots(request, num_tokens + num_slots) is None:
+                drafts, num_slots = [], 0  # drafts never preempt anyone
+            if num_tokens > 0 and (num_slots or self._allocate_or_preempt(request, num_tokens,
+                                                                          batch)):
+                batch.add(request, num_tokens, drafts,
+                          num_slots if self.proposer is None else 0)
 
-    def _drafts(self, request: Request, token_budget: int) -> list[int]:
-        """Tokens proposed to follow a decoding request's last one, verified in its step.
+    def _num_drafts(self, request: Request, token_budget: int) -> int:
+        """How many drafts may follow a decoding request's last token in its step.
 
         None for a request still prefilling or under a grammar (its matcher would have to
         follow the drafts); never more than it may still generate, so that every accepted
         draft and the token sampled after them are output it is allowed."""
         if request.num_tokens_to_compute != 1 or request.grammar is not None:
-            return []
+            return 0
         limit = request.draft_limit or self.config.num_speculative_tokens
         room = min(request.max_tokens - request.num_output_tokens,
                    self.config.max_model_len - request.num_tokens) - 1
-        k = min(limit, room, token_budget)
-        return self.proposer.propose(request.all_token_ids, k) if k > 0 else []
+        return max(0, min(limit, room, token_budget))
 
     def _allocate_or_preempt(self, request: Request, num_tokens: int, batch: BatchBuilder) -> bool:
         """Allocate the request's slots, preempting victims until it fits; False if the

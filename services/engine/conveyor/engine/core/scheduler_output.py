@@ -40,6 +40,10 @@ class ScheduledRequest:
     grammar: GrammarMatcher | None = None
     """A constrained request's matcher, at its output so far: the sampler masks the tokens
     it does not allow."""
+    num_draft_slots: int = 0
+    """KV slots allocated past the known tokens for drafts a draft model is to propose in
+    the runner (speculative_method "draft"; worker/draft_proposer.py fills
+    `draft_token_ids`); 0 when the scheduler proposed the drafts itself, or none."""
     draft_token_ids: list[int] = field(default_factory=list)
     """Proposed tokens after the known ones, the tail of `token_ids` (speculative decoding):
     the logits of the last known token and of each draft are sampled, and the drafts are

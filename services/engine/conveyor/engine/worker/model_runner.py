@@ -12,6 +12,7 @@ from conveyor.engine.model.loader import load_model
 from conveyor.engine.sampling.sampler import Sampler
 from conveyor.engine.worker import kv_sizing
 from conveyor.engine.worker.cuda_graphs import DecodeGraphs, capture_sizes
+from conveyor.engine.worker.draft_proposer import DraftModelProposer
 from conveyor.engine.worker.kv_cache import allocate_kv_caches, kv_bytes_per_block
 from conveyor.engine.worker.profile_step import profiling_step
 from conveyor.engine.worker.prompt_logprobs import prompt_logprobs
@@ -59,6 +60,9 @@ class ModelRunner:
                                             self.device)
         if config.uses_cuda_graphs:
             self.decode_graphs = self.build_decode_graphs()
+        self.drafter = self._draft_proposer() if config.draft_model else None
+        """Proposes drafts in the slots the scheduler leaves for them (speculative_method
+        "draft"); None otherwise."""
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
@@ -66,6 +70,8 @@ class ModelRunner:
         take the prompt logprobs of the requests that asked for them."""
         if output.is_empty:
             return ModelRunnerOutput()
+        if self.drafter is not None:
+            self.drafter.fill(output)
         inputs, hidden = self._hidden(output)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
         prompt = prompt_logprobs(output, hidden, self.model.compute_logits)
@@ -112,6 +118,25 @@ class ModelRunner:
         largest = min(self.config.cuda_graph_max_batch_size, self.config.max_num_seqs,
                       self.config.max_num_batched_tokens)
         return DecodeGraphs(self.inputs, self._forward, capture_sizes(largest), capture=capture)
+
+    def _draft_proposer(self) -> DraftModelProposer:
+        """The draft model, with a KV pool of as many blocks as the target's (its own bytes
+        a block) and input buffers for catching up whole sequences."""
+        config = self.config
+        model = load_model(config.draft_model, dtype=config.torch_dtype, device=self.device,
+                           attention_backend=config.backend_name,
+                           weight_format=config.draft_weight_format)
+        if model.config.vocab_size != self.model_config.vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({model.config.vocab_size}) is not "
+                             f"the model's ({self.model_config.vocab_size}); change "
+                             "speculative_draft_model")
+        kv_caches = allocate_kv_caches(model.config, self.capacity.num_blocks,
+                                       config.block_size, config.torch_kv_dtype, self.device)
+        builder = StepInputBuilder(
+            max_num_batched_tokens=self.max_model_len * config.max_num_seqs,
+            max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+            block_size=config.block_size, device=self.device)
+        return DraftModelProposer(model, kv_caches, builder)
 
     def _resolve_max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings

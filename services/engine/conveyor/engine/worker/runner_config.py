@@ -46,6 +46,11 @@ class RunnerConfig:
     """Fixed KV pool size in blocks, overriding both sizing rules (tests, benchmarks)."""
     seed: int | None = None
     """Seed of the sampler's shared generator (requests without their own seed)."""
+    draft_model: str | None = None
+    """Speculative decoding with a draft model: its path (often `model` itself, in a cheaper
+    `draft_weight_format`); None: no draft model."""
+    draft_weight_format: str = "fp32"
+    """What the draft model's steps read (a format of model/quantized_linear.py)."""
     cuda_graphs: bool = True
     """GPU with the triton backend: replay decode steps from CUDA graphs captured at start."""
     cuda_graph_max_batch_size: int = 256
