@@ -63,7 +63,7 @@ _RUNNER_NAMES = {"kv_cache_space_gib": "kv_cache_gib"}
 
 _ADVICE = re.compile(r"\b(raise|lower|increase|decrease|change) "
                      r"(kv_cache_gib|memory_utilization|max_model_len|dtype|block_size"
-                     r"|weight_format|kv_cache_dtype)\b")
+                     r"|weight_format|kv_cache_dtype|speculative_draft_weight_format)\b")
 
 
 def _in_setting_names(message: str) -> str:

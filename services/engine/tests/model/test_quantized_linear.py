@@ -316,6 +316,40 @@ def test_formats_need_the_cpu_in_float32(device: str, dtype: str) -> None:
     RunnerConfig(model="m", device=device, dtype=dtype).validate()  # fp32 weights: fine
 
 
+def test_speculative_settings_name_themselves() -> None:
+    from conveyor.engine.settings import EngineSettings
+
+    assert EngineSettings().resolved_draft_model() is None  # speculation off
+    assert EngineSettings(num_speculative_tokens=3).resolved_draft_model() is None  # ngram
+    draft = EngineSettings(num_speculative_tokens=3, speculative_method="draft")
+    assert draft.resolved_draft_model() == draft.model
+    with pytest.raises(ValueError, match="CONVEYOR_ENGINE_SPECULATIVE_METHOD"):
+        EngineSettings(speculative_method="eagle").resolved_draft_model()
+    with pytest.raises(ValueError, match="CONVEYOR_ENGINE_SPECULATIVE_DRAFT_WEIGHT_FORMAT"):
+        EngineSettings(num_speculative_tokens=3, speculative_method="draft",
+                       speculative_draft_weight_format="int3").resolved_draft_model()
+
+
+def test_a_quantized_draft_model_runs_in_float32_on_the_cpu_only() -> None:
+    """Beside a bfloat16 model the q4_1_int8 draft (speculative decoding) is float32, with
+    its own float32 KV pool; on a GPU the setting is refused, named."""
+    from conveyor.engine.engine_factory import _in_setting_names
+    from conveyor.engine.worker.runner_config import RunnerConfig
+
+    config = RunnerConfig(model="m", dtype="bfloat16", draft_model="m",
+                          draft_weight_format="q4_1_int8")
+    config.validate()
+    assert config.draft_torch_dtype == config.draft_torch_kv_dtype == torch.float32
+    same = RunnerConfig(model="m", dtype="bfloat16", draft_model="m", draft_weight_format="fp32")
+    assert same.draft_torch_dtype == torch.bfloat16
+    on_gpu = RunnerConfig(model="m", device="cuda", dtype="bfloat16", draft_model="m",
+                          draft_weight_format="q4_1_int8")
+    with pytest.raises(ValueError, match="CPU only") as error:
+        on_gpu.validate()
+    assert "change CONVEYOR_ENGINE_SPECULATIVE_DRAFT_WEIGHT_FORMAT to fp32" in \
+        _in_setting_names(str(error.value))
+
+
 @pytest.mark.parametrize("weight_class", [Q4_1Weight, ql.Q4_1Int8Weight])
 def test_the_block_kernels_release_the_gil(kernels, wakeups_during, weight_class) -> None:
     """The engine's asyncio/gRPC thread runs while a quantized linear does."""

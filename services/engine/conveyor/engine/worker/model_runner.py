@@ -70,8 +70,6 @@ class ModelRunner:
         take the prompt logprobs of the requests that asked for them."""
         if output.is_empty:
             return ModelRunnerOutput()
-        if self.drafter is not None:
-            self.drafter.fill(output)
         inputs, hidden = self._hidden(output)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
         prompt = prompt_logprobs(output, hidden, self.model.compute_logits)
@@ -96,7 +94,10 @@ class ModelRunner:
 
     def _hidden(self, output: SchedulerOutput) -> tuple[StepInputs, torch.Tensor]:
         """The step's inputs and its final hidden states [T, hidden]: replayed from a
-        CUDA graph for a decode step within a captured size, else run eagerly."""
+        CUDA graph for a decode step within a captured size, else run eagerly. The draft
+        model first fills the draft slots the scheduler left, if any."""
+        if self.drafter is not None:
+            self.drafter.fill(output)
         size = self.decode_graphs.bucket_for(output) if self.decode_graphs else None
         if size is None:
             inputs = self.inputs.build(output)
@@ -123,7 +124,8 @@ class ModelRunner:
         """The draft model, with a KV pool of as many blocks as the target's (its own bytes
         a block) and input buffers for catching up whole sequences."""
         config = self.config
-        model = load_model(config.draft_model, dtype=config.torch_dtype, device=self.device,
+        model = load_model(config.draft_model, dtype=config.draft_torch_dtype,
+                           device=self.device,
                            attention_backend=config.backend_name,
                            weight_format=config.draft_weight_format)
         if model.config.vocab_size != self.model_config.vocab_size:
@@ -131,7 +133,8 @@ class ModelRunner:
                              f"the model's ({self.model_config.vocab_size}); change "
                              "speculative_draft_model")
         kv_caches = allocate_kv_caches(model.config, self.capacity.num_blocks,
-                                       config.block_size, config.torch_kv_dtype, self.device)
+                                       config.block_size, config.draft_torch_kv_dtype,
+                                       self.device)
         builder = StepInputBuilder(
             max_num_batched_tokens=self.max_model_len * config.max_num_seqs,
             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,

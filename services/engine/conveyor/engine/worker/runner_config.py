@@ -66,6 +66,17 @@ class RunnerConfig:
         return self.torch_dtype if self.kv_cache_dtype == "auto" else DTYPES[self.kv_cache_dtype]
 
     @property
+    def draft_torch_dtype(self) -> torch.dtype:
+        """The draft model's dtype: the model's, or float32 for a quantized weight format
+        (whose kernels are float32 only), e.g. beside a bfloat16 model."""
+        return self.torch_dtype if self.draft_weight_format == "fp32" else torch.float32
+
+    @property
+    def draft_torch_kv_dtype(self) -> torch.dtype:
+        return (self.draft_torch_dtype if self.kv_cache_dtype == "auto"
+                else DTYPES[self.kv_cache_dtype])
+
+    @property
     def is_cuda(self) -> bool:
         return torch.device(self.device).type == "cuda"
 
@@ -90,6 +101,10 @@ class RunnerConfig:
             raise ValueError(f"weight_format {self.weight_format!r} has kernels on the CPU in "
                              f"float32 only, not {self.dtype} on {self.device}; "
                              "change weight_format to fp32")
+        if self.draft_model and self.draft_weight_format != "fp32" and self.is_cuda:
+            raise ValueError(f"speculative_draft_weight_format {self.draft_weight_format!r} "
+                             f"has kernels on the CPU only, not on {self.device}; change "
+                             "speculative_draft_weight_format to fp32")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of "
                              f"{KV_CACHE_DTYPES}")
