@@ -235,7 +235,7 @@ class Scheduler:
     def _num_drafts(self, request: Request, token_budget: int) -> int:
         """How many drafts may follow a decoding request's last token in its step.
 
-        None for a request still prefilling or under a grammar (its matcher would have to
+        0 for a request still prefilling or under a grammar (its matcher would have to
         follow the drafts); never more than it may still generate, so that every accepted
         draft and the token sampled after them are output it is allowed."""
         if request.num_tokens_to_compute != 1 or request.grammar is not None:
