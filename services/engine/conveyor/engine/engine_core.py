@@ -184,7 +184,6 @@ class EngineCore:
         result = StepResult()
         result.deltas = self._start_grammars()
         scheduler_output = self.scheduler.schedule()
-        result.iteration.num_scheduled_tokens = scheduler_output.num_batched_tokens
         now = time.monotonic()
         self._mark_preempted(scheduler_output.preempted_request_ids, now)
         # This step's requests, looked up now: the scheduler forgets those that finish in it.
@@ -196,6 +195,8 @@ class EngineCore:
             self.scheduler.update_from_output(scheduler_output, ModelRunnerOutput())
             return result
         executed = self._isolating.execute(scheduler_output)
+        # Counted after the step: a draft model fills its draft slots in the runner.
+        result.iteration.num_scheduled_tokens = scheduler_output.num_batched_tokens
         _end_chunks(prefills, time.monotonic())
         for request_id, entries in executed.output.prompt_logprobs.items():
             self._prompt_logprobs.setdefault(request_id, []).extend(entries)

@@ -63,7 +63,7 @@ _RUNNER_NAMES = {"kv_cache_space_gib": "kv_cache_gib"}
 
 _ADVICE = re.compile(r"\b(raise|lower|increase|decrease|change) "
                      r"(kv_cache_gib|memory_utilization|max_model_len|dtype|block_size"
-                     r"|weight_format|kv_cache_dtype|speculative_draft_weight_format)\b")
+                     r"|weight_format|kv_cache_dtype|speculative_method)\b")
 
 
 def _in_setting_names(message: str) -> str:
@@ -95,6 +95,7 @@ def _runner_config(settings: EngineSettings):
         cuda_graph_max_batch_size=settings.cuda_graph_max_batch_size,
         draft_model=settings.resolved_draft_model(),
         draft_weight_format=settings.speculative_draft_weight_format,
+        draft_max_requests=settings.speculative_max_running,
     )
 
 

@@ -117,16 +117,16 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
     )
 
     num_speculative_tokens: int = Field(
-        0, ge=0, description="Speculative decoding: most draft tokens, proposed by n-gram "
-        "prompt lookup, verified per decoding request and step (0: off). Greedy output is "
-        "unchanged and sampled output keeps its distribution; pays off when outputs repeat "
-        "their prompt (edits, quotes, rewrites); see docs/architecture.md.",
+        0, ge=0, description="Speculative decoding: most draft tokens (proposed as "
+        "speculative_method says) verified per decoding request and step (0: off). Greedy "
+        "output is unchanged, sampled output keeps its distribution and a seed its tokens; "
+        "see docs/architecture.md.",
     )
     speculative_method: str = Field(
         "ngram", description="Who proposes the drafts: ngram (prompt lookup, no model) or "
         "draft (a draft model: speculative_draft_model in speculative_draft_weight_format, "
         "run greedily for k steps before each verifying step; its KV pool takes as many blocks "
-        "as the model's).",
+        "as the model's; CPU only for now).",
     )
     speculative_draft_model: str = Field(
         "", description="The draft model (a bundled name, a .gguf file or an HF folder with "
@@ -141,7 +141,7 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
     ngram_prompt_lookup_max: int = Field(
         4, ge=1, description="Longest suffix n-gram the proposer looks up (tried first).")
     speculative_max_running: int = Field(
-        4, ge=0, description="Speculate only while at most this many requests run: in a "
+        4, ge=1, description="Speculate only while at most this many requests run: in a "
         "larger batch each weight read already serves many tokens and drafts add compute.",
     )
 

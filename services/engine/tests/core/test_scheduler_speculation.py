@@ -110,3 +110,18 @@ def test_no_drafts_past_max_tokens_or_when_many_requests_run(support):
         output, _ = support.step(scheduler, runner)
         if len(scheduler.running) > 2:
             assert not any(s.draft_token_ids for s in output.scheduled)
+
+
+def test_drafts_take_only_blocks_nobody_else_needs(support):
+    """A's drafts would need the last free block, which B's next token needs: B gets it,
+    A decodes without drafts, nobody is preempted."""
+    scheduler = support.make_scheduler(num_blocks=4, block_size=4, max_model_len=16,
+                                       num_speculative_tokens=4)
+    runner = support.ScriptedRunner({"a": [8, 7, 8], "b": [5, 5, 5]})
+    scheduler.add_request(support.make_request("a", [7, 8, 7, 8, 7, 8, 7], max_tokens=8))
+    scheduler.add_request(support.make_request("b", [1, 2, 3, 4], max_tokens=8))
+    support.step(scheduler, runner)  # prefills: a holds 2 blocks, b 1, one is free
+    output, _ = support.step(scheduler, runner)
+    assert scheduler.num_preemptions == 0
+    assert [len(s.token_ids) for s in output.scheduled] == [1, 1]
+    assert scheduler.proposer.propose([7, 8] * 4, 4)  # a would have had drafts

@@ -332,7 +332,7 @@ def test_speculative_settings_name_themselves() -> None:
 
 def test_a_quantized_draft_model_runs_in_float32_on_the_cpu_only() -> None:
     """Beside a bfloat16 model the q4_1_int8 draft (speculative decoding) is float32, with
-    its own float32 KV pool; on a GPU the setting is refused, named."""
+    its own float32 KV pool; on a GPU a draft model is refused, the setting named."""
     from conveyor.engine.engine_factory import _in_setting_names
     from conveyor.engine.worker.runner_config import RunnerConfig
 
@@ -342,11 +342,10 @@ def test_a_quantized_draft_model_runs_in_float32_on_the_cpu_only() -> None:
     assert config.draft_torch_dtype == config.draft_torch_kv_dtype == torch.float32
     same = RunnerConfig(model="m", dtype="bfloat16", draft_model="m", draft_weight_format="fp32")
     assert same.draft_torch_dtype == torch.bfloat16
-    on_gpu = RunnerConfig(model="m", device="cuda", dtype="bfloat16", draft_model="m",
-                          draft_weight_format="q4_1_int8")
+    on_gpu = RunnerConfig(model="m", device="cuda", dtype="bfloat16", draft_model="m")
     with pytest.raises(ValueError, match="CPU only") as error:
         on_gpu.validate()
-    assert "change CONVEYOR_ENGINE_SPECULATIVE_DRAFT_WEIGHT_FORMAT to fp32" in \
+    assert "change CONVEYOR_ENGINE_SPECULATIVE_METHOD to ngram" in \
         _in_setting_names(str(error.value))
 
 

@@ -96,3 +96,18 @@ def test_a_seeded_request_verifies_the_same_way_in_any_batch():
     batched = Sampler([EOS], VOCAB, seed=2).sample(
         torch.zeros(5, VOCAB), [request(other, [3]), request(seeded, [1, 2], rid="s")])
     assert ids(alone[0]) == ids(batched[1])
+
+
+def test_a_seeded_request_draws_the_same_tokens_with_or_without_drafts():
+    """Row j draws what the request's seed draws at that position: drafts change how many
+    steps the tokens take, not which tokens."""
+    logits = torch.tensor([[0.5, 1.0, 0.2, 0.8, -9.0], [1.0, 0.1, 0.9, 0.3, -9.0]])
+    for seed in range(40):
+        params = SamplingParams(temperature=1.0, seed=seed)
+        [[first]] = Sampler([EOS], VOCAB).sample(logits[:1], [request(params, [])])
+        expected = [first.token_id]
+        if first.token_id == 1:  # the draft below: the second token is drawn after it
+            [[second]] = Sampler([EOS], VOCAB).sample(logits[1:], [request(params, [], [1])])
+            expected.append(second.token_id)
+        [tokens] = Sampler([EOS], VOCAB).sample(logits, [request(params, [1])])
+        assert ids(tokens) == expected, seed

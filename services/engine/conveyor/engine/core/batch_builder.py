@@ -25,33 +25,41 @@ class BatchBuilder:
     def __len__(self) -> int:
         return len(self._scheduled)
 
-    def add(self, request: Request, num_tokens: int, drafts: list[int] | None = None,
-            num_draft_slots: int = 0) -> ScheduledRequest:
-        """Schedule `num_tokens` of the request's tokens from `num_computed_tokens` on, then
-        the `drafts` proposed to follow them (a decoding request: its last token), or slots
-        for `num_draft_slots` drafts the runner will propose; the blocks for all of them
-        must already be allocated."""
-        drafts = drafts or []
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._scheduled
+
+    def add(self, request: Request, num_tokens: int) -> ScheduledRequest:
+        """Schedule `num_tokens` of the request's tokens from `num_computed_tokens` on; its
+        blocks must already be allocated."""
         start = request.num_computed_tokens
         end = start + num_tokens
-        num_slots = len(drafts) or num_draft_slots
         scheduled = ScheduledRequest(
             request_id=request.request_id,
-            token_ids=request.token_ids_in(start, end) + drafts,
+            token_ids=request.token_ids_in(start, end),
             num_computed_tokens=start,
             block_table=self.kv.block_table(request.request_id),
-            slot_mapping=self.kv.slot_mapping(request.request_id, start, end + num_slots),
+            slot_mapping=self.kv.slot_mapping(request.request_id, start, end),
             needs_sample=end == request.num_tokens,
-            draft_token_ids=drafts,
-            num_draft_slots=num_draft_slots,
             sampling_params=request.sampling_params,
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
             grammar=request.grammar.matcher if request.grammar is not None else None,
         )
         self._scheduled[request.request_id] = scheduled
-        self.token_budget -= num_tokens + num_slots
+        self.token_budget -= num_tokens
         return scheduled
+
+    def add_drafts(self, request: Request, drafts: list[int], num_slots: int) -> None:
+        """Follow a scheduled decoding request's token with `drafts`, or (none given) with
+        `num_slots` slots for drafts the runner proposes; their blocks must be allocated.
+        After the last `remove` of the step: a draft's budget is never refunded."""
+        scheduled = self._scheduled[request.request_id]
+        end = scheduled.seq_len
+        scheduled.token_ids = scheduled.token_ids + drafts
+        scheduled.slot_mapping += self.kv.slot_mapping(request.request_id, end, end + num_slots)
+        scheduled.draft_token_ids = drafts
+        scheduled.num_draft_slots = 0 if drafts else num_slots
+        self.token_budget -= num_slots
 
     def remove(self, request_id: str) -> None:
         """Unschedule a request (no-op if it was not scheduled), refunding its tokens."""

@@ -172,6 +172,7 @@ class Scheduler:
         self._schedule_running(batch)
         if not batch.preempted_request_ids:
             self._schedule_waiting(batch)
+        self._schedule_drafts(batch)
         finished, self._finished_request_ids = self._finished_request_ids, []
         self._step_in_flight = True
         return batch.build(finished)
@@ -213,26 +214,35 @@ class Scheduler:
         return updates
 
     def _schedule_running(self, batch: BatchBuilder) -> None:
-        speculate = self.config.num_speculative_tokens > 0 and (
-            len(self.running) <= self.config.speculative_max_running)
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             if batch.token_budget == 0:
                 break
             num_tokens = self._chunk_size(request.num_tokens_to_compute, batch.token_budget)
-            num_drafts = self._num_drafts(request, batch.token_budget - 1) if speculate else 0
-            drafts = (self.proposer.propose(request.all_token_ids, num_drafts)
-                      if num_drafts and self.proposer is not None else [])
-            num_slots = len(drafts) if self.proposer is not None else num_drafts
-            if num_slots and self.kv.allocate_slots(request, num_tokens + num_slots) is None:
-                drafts, num_slots = [], 0  # drafts never preempt anyone
-            if num_tokens > 0 and (num_slots or self._allocate_or_preempt(request, num_tokens,
-                                                                          batch)):
-                batch.add(request, num_tokens, drafts,
-                          num_slots if self.proposer is None else 0)
+            if num_tokens > 0 and self._allocate_or_preempt(request, num_tokens, batch):
+                batch.add(request, num_tokens)
 
-    def _num_drafts(self, request: Request, token_budget: int) -> int:
+    def _schedule_drafts(self, batch: BatchBuilder) -> None:
+        """Drafts after the decoding requests' tokens, in the budget and blocks left once
+        every request has its tokens, so they never cost anyone a step or a preemption:
+        proposed here (n-gram), or slots left for the runner's draft model."""
+        config = self.config
+        if not config.num_speculative_tokens or len(self.running) > config.speculative_max_running:
+            return
+        for request in self.running:
+            if batch.token_budget == 0:
+                break
+            num_drafts = self._num_drafts(request, batch) if request.request_id in batch else 0
+            if not num_drafts:
+                continue
+            drafts = (self.proposer.propose(request.all_token_ids, num_drafts)
+                      if self.proposer is not None else [])
+            num_slots = len(drafts) if self.proposer is not None else num_drafts
+            if num_slots and self.kv.allocate_slots(request, 1 + num_slots) is not None:
+                batch.add_drafts(request, drafts, num_slots)
+
+    def _num_drafts(self, request: Request, batch: BatchBuilder) -> int:
         """How many drafts may follow a decoding request's last token in its step.
 
         0 for a request still prefilling or under a grammar (its matcher would have to
@@ -243,7 +253,7 @@ class Scheduler:
         limit = request.draft_limit or self.config.num_speculative_tokens
         room = min(request.max_tokens - request.num_output_tokens,
                    self.config.max_model_len - request.num_tokens) - 1
-        return max(0, min(limit, room, token_budget))
+        return max(0, min(limit, room, batch.token_budget))
 
     def _allocate_or_preempt(self, request: Request, num_tokens: int, batch: BatchBuilder) -> bool:
         """Allocate the request's slots, preempting victims until it fits; False if the

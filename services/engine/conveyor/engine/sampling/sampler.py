@@ -11,9 +11,6 @@ from conveyor.engine.sampling import logits_processors as lp
 from conveyor.engine.sampling import spec_rows
 from conveyor.engine.sampling.sampling_batch import SamplingBatch
 
-ACCEPT_SEED_SALT = 0x5DEECE66D
-"""Mixed into a seeded row's seed for its acceptance draw, apart from its noise's."""
-
 
 class Sampler:
     """Greedy, temperature, min_p, top_k, top_p; penalties, logit_bias, min_tokens;
@@ -29,13 +26,13 @@ class Sampler:
     (seed, output position), so a seeded request is reproducible in any batch.
 
     A request with drafts has one row per draft and one after them (spec_rows.py):
-    row j is sampled as if the drafts before j were its output, and the drafts are
-    accepted while they are what the row chose. Greedy: the argmax, so the output
-    is the argmax chain, as without drafts. Otherwise rejection sampling against a
-    proposal that is certain of its draft d: d is accepted with probability p(d),
-    else the row draws from p without d (renormalised), and after every draft
-    accepted the last row draws from p; each token so comes from the target
-    distribution p (Leviathan et al. 2023, with q a point mass).
+    row j is sampled exactly as it would be with the drafts before j as output (its
+    seed's draw at that position included), and the drafts are kept while each is what
+    its row drew. For a proposer certain of its draft d (n-gram, a greedy draft model)
+    that is rejection sampling (Leviathan et al. 2023, q a point mass): d is kept with
+    probability p(d), and a rejected row's draw is distributed as p without d,
+    renormalised. So each token follows the target distribution, greedy output is the
+    argmax chain, and a seeded request draws the same tokens with or without drafts.
     """
 
     def __init__(self, eos_token_ids: Sequence[int], vocab_size: int,
@@ -56,7 +53,6 @@ class Sampler:
         rows = spec_rows.expand(requests)
         batch = SamplingBatch.from_requests(rows, self.eos_token_ids, self.vocab_size,
                                             logits.device)
-        drafts = spec_rows.draft_column(requests, logits.device)
         if batch.grammar_mask is not None:
             logits = logits.float().clone()
             lp.apply_grammar_mask(logits, batch.grammar_mask)
@@ -66,7 +62,7 @@ class Sampler:
         else:
             processed = logits.float().clone()
             self._apply_processors(processed, batch)
-            tokens = self._choose(processed, batch, drafts)
+            tokens = self._choose(processed, batch)
         per_row = self._to_sampled_tokens(tokens, raw_logprobs, rows, batch)
         return spec_rows.accepted(per_row, requests)
 
@@ -78,32 +74,15 @@ class Sampler:
         if batch.penalties is not None:
             lp.apply_penalties(logits, batch.penalties)
 
-    def _choose(self, logits: torch.Tensor, batch: SamplingBatch,
-                drafts: torch.Tensor | None) -> torch.Tensor:
-        """Each row's token; a draft row's is its draft when accepted (see the class)."""
+    def _choose(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         greedy_tokens = logits.argmax(dim=-1)
         if batch.all_greedy:
             return greedy_tokens
         logits.div_(batch.temperature[:, None])
         for apply_filter in lp.FILTERS:
             apply_filter(logits, batch)
-        probs = logits.softmax(dim=-1)
-        if drafts is None:
-            random_tokens = self._exponential_race(probs, batch)
-        else:
-            random_tokens = self._verify(probs, drafts, batch)
+        random_tokens = self._exponential_race(logits.softmax(dim=-1), batch)
         return torch.where(batch.greedy, greedy_tokens, random_tokens)
-
-    def _verify(self, probs: torch.Tensor, drafts: torch.Tensor,
-                batch: SamplingBatch) -> torch.Tensor:
-        """Rows with a draft d (drafts >= 0): d with probability p(d), else a draw from p
-        without d; the other rows: a draw from p."""
-        has_draft = drafts >= 0
-        index = drafts.clamp(min=0)[:, None]
-        p_draft = probs.gather(1, index).squeeze(1)
-        accept = has_draft & (self._uniforms(batch, probs) < p_draft)
-        residual = probs.scatter(1, index, torch.where(has_draft, 0.0, p_draft)[:, None])
-        return torch.where(accept, drafts, self._exponential_race(residual, batch))
 
     def _exponential_race(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         noise = torch.empty_like(probs).exponential_(generator=self._generator)
@@ -111,14 +90,6 @@ class Sampler:
             generator = torch.Generator(probs.device).manual_seed(seed)
             noise[row].exponential_(generator=generator)
         return (probs / noise).argmax(dim=-1)
-
-    def _uniforms(self, batch: SamplingBatch, probs: torch.Tensor) -> torch.Tensor:
-        """One U[0, 1) a row for accepting drafts; a seeded row's from its own generator."""
-        uniforms = torch.rand(probs.shape[0], device=probs.device, generator=self._generator)
-        for row, seed in batch.seeds:
-            generator = torch.Generator(probs.device).manual_seed(seed ^ ACCEPT_SEED_SALT)
-            uniforms[row] = torch.rand(1, device=probs.device, generator=generator)[0]
-        return uniforms
 
     def _to_sampled_tokens(self, tokens: torch.Tensor, raw_logprobs: torch.Tensor | None,
                            requests: Sequence[ScheduledRequest],

@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import torch
-
 from conveyor.engine.core.scheduler_output import SampledToken, ScheduledRequest
 
 
@@ -28,16 +26,6 @@ def expand(requests: Sequence[ScheduledRequest]) -> list[ScheduledRequest]:
                                         draft_token_ids=[])
                     for j in range(1, len(drafts) + 1))
     return rows
-
-
-def draft_column(requests: Sequence[ScheduledRequest],
-                 device: torch.device) -> torch.Tensor | None:
-    """[R] the draft each row verifies, -1 for a row that verifies none (the last row
-    of each request); None when no request has drafts."""
-    if not any(r.draft_token_ids for r in requests):
-        return None
-    column = [d for r in requests for d in (*r.draft_token_ids, -1)]
-    return torch.tensor(column, dtype=torch.int64).to(device)
 
 
 def accepted(per_row: list[SampledToken],

@@ -36,11 +36,13 @@ class DraftModelProposer:
 
     @torch.inference_mode()
     def fill(self, output: SchedulerOutput) -> None:
-        # Forget requests not in this step (finished, preempted, or only waiting: a caught-up
-        # count is worth at most one catch-up pass, and an id may come back as a new request).
-        scheduled = {r.request_id for r in output.scheduled}
-        self._num_computed = {request_id: count for request_id, count
-                              in self._num_computed.items() if request_id in scheduled}
+        # Keep the requests of this step only (not finished, preempted or waiting ones: a
+        # count is worth one catch-up pass, and an id may come back as a new request), each
+        # capped at the target's computed tokens: past them the draft KV may hold drafts
+        # that were rejected, in a step that drafted or in any later one.
+        self._num_computed = {
+            r.request_id: min(self._num_computed[r.request_id], r.num_computed_tokens)
+            for r in output.scheduled if r.request_id in self._num_computed}
         drafting = [r for r in output.scheduled if r.num_draft_slots and not r.draft_token_ids]
         if not drafting:
             return
@@ -64,8 +66,7 @@ class DraftModelProposer:
     def _catch_up(self, r: ScheduledRequest, block_size: int) -> ScheduledRequest:
         """Pass 0 of a request: its tokens from where its draft KV ends to its last known."""
         end = r.num_computed_tokens + len(r.token_ids)
-        # Past the target's computed tokens, the draft KV may hold rejected drafts.
-        start = min(self._num_computed.get(r.request_id, 0), r.num_computed_tokens)
+        start = self._num_computed.get(r.request_id, 0)
         tokens = (r.prompt_token_ids + r.output_token_ids)[start:end]
         return dataclasses.replace(
             r, token_ids=tokens, num_computed_tokens=start, draft_token_ids=[],

@@ -132,11 +132,15 @@ class ModelRunner:
             raise ValueError(f"the draft model's vocabulary ({model.config.vocab_size}) is not "
                              f"the model's ({self.model_config.vocab_size}); change "
                              "speculative_draft_model")
+        if model.config.max_position_embeddings < self.max_model_len:
+            raise ValueError(f"the draft model reaches {model.config.max_position_embeddings} "
+                             f"positions, fewer than max_model_len={self.max_model_len}; "
+                             "change speculative_draft_model or lower max_model_len")
         kv_caches = allocate_kv_caches(model.config, self.capacity.num_blocks,
                                        config.block_size, config.draft_torch_kv_dtype,
                                        self.device)
-        builder = StepInputBuilder(
-            max_num_batched_tokens=self.max_model_len * config.max_num_seqs,
+        builder = StepInputBuilder(  # a catch-up pass may hold every drafting sequence
+            max_num_batched_tokens=self.max_model_len * config.draft_max_requests,
             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
             block_size=config.block_size, device=self.device)
         return DraftModelProposer(model, kv_caches, builder)

@@ -51,6 +51,8 @@ class RunnerConfig:
     `draft_weight_format`); None: no draft model."""
     draft_weight_format: str = "fp32"
     """What the draft model's steps read (a format of model/quantized_linear.py)."""
+    draft_max_requests: int = 4
+    """Most requests drafted for in one step (the scheduler's speculative_max_running)."""
     cuda_graphs: bool = True
     """GPU with the triton backend: replay decode steps from CUDA graphs captured at start."""
     cuda_graph_max_batch_size: int = 256
@@ -101,10 +103,10 @@ class RunnerConfig:
             raise ValueError(f"weight_format {self.weight_format!r} has kernels on the CPU in "
                              f"float32 only, not {self.dtype} on {self.device}; "
                              "change weight_format to fp32")
-        if self.draft_model and self.draft_weight_format != "fp32" and self.is_cuda:
-            raise ValueError(f"speculative_draft_weight_format {self.draft_weight_format!r} "
-                             f"has kernels on the CPU only, not on {self.device}; change "
-                             "speculative_draft_weight_format to fp32")
+        if self.draft_model and self.is_cuda:
+            raise ValueError("speculative_method draft runs on the CPU only for now (on a GPU "
+                             "the KV pool is sized before the draft model would load); change "
+                             "speculative_method to ngram")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of "
                              f"{KV_CACHE_DTYPES}")
