@@ -47,7 +47,7 @@ class ScheduledRequest:
     draft_token_ids: list[int] = field(default_factory=list)
     """Proposed tokens after the known ones, the tail of `token_ids` (speculative decoding):
     the logits of the last known token and of each draft are sampled, and the drafts are
-    accepted while they agree with what is sampled (conveyor.engine.sampling.verification)."""
+    accepted while they agree with what is sampled (sampling/spec_rows.py)."""
 
     @property
     def num_scheduled_tokens(self) -> int:
