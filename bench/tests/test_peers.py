@@ -121,7 +121,10 @@ def test_peer_process_that_dies_says_so_with_its_log(tmp_path):
 def test_commands_and_missing_peers(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVEYOR_PEERS_DIR", str(tmp_path))
     argv = llama_server_command(tmp_path / "m.gguf", 8080, threads=2, slots=16,
-                                ctx_per_slot=1024)
+                                ctx_per_slot=1024, no_repack=False)
+    assert "--no-repack" not in argv
+    assert "--no-repack" in llama_server_command(tmp_path / "m.gguf", 8080, threads=2, slots=16,
+                                                 ctx_per_slot=1024, no_repack=True)
     assert argv[argv.index("-np") + 1] == "16" and argv[argv.index("-c") + 1] == "16384"
     assert argv[argv.index("-t") + 1] == "2" and str(tmp_path) in argv[0]
     assert vllm_env(2, 4)["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
@@ -258,7 +261,7 @@ def peers_results():
                 "conveyor-int8": system("int8", c1=fig(20, tpot=21)),
                 "vllm-cpu": system("float32", c1=fig(12, ttft=950), c16=fig(40),
                                    c16_prefix=fig(33)),
-                "llama-server": system("Q4_1", c1=fig(40, tpot=22), c16=fig(24))},
+                "llama-server": system("Q4_1", c1=fig(40, tpot=30), c16=fig(24))},
             "notes": {"hf-static": "not installed"}, "errors": {}}
 
 
@@ -271,7 +274,9 @@ def test_peer_targets_met_not_met_and_limits_on_unmet_rows_only():
     assert rows["c16-prefix-vs-vllm"].status == "not met"
     assert rows["c16-prefix-vs-vllm"].limits.startswith("decode attention")
     assert rows["c1-tpot"].status == "met" and "conveyor-int8 21.0 ms" in rows["c1-tpot"].measured
-    assert rows["c1-ttft"].status == "met"
+    assert rows["c1-tpot"].measured.endswith("= 0.70x")
+    assert rows["c1-ttft"].status == "met" and "(both float32)" in rows["c1-ttft"].target
+    assert rows["c1-default-tpot"].status == "met"  # 70 ms vs vLLM-CPU's 70
     assert rows["prefix-slowdown"].status == "not met" and "+23% slower" in rows[
         "prefix-slowdown"].measured
     assert rows["dram-floor"].status == rows["roofline"].status == "not measured"
@@ -298,6 +303,18 @@ def test_c1_tpot_takes_the_quickest_weight_format_and_names_the_others():
     row = next(r for r in check_peer_targets(peers) if r.id == "c1-tpot")
     assert row.status == "met" and row.measured.startswith("conveyor-q4 15.0 ms")
     assert "conveyor-int8 21.0 ms" in row.measured and "conveyor fp32 70.0 ms" in row.measured
+
+
+def test_c1_tpot_needs_a_fifth_below_llama_server_and_the_default_vllm_at_its_dtype():
+    peers = peers_results()
+    peers["systems"]["llama-server"]["scenarios"]["c1"] = fig(40, tpot=25)  # 21 / 25 = 0.84x
+    peers["systems"]["vllm-cpu"]["weights"] = "bfloat16"
+    peers["systems"]["vllm-cpu"]["scenarios"]["c1"] = fig(12, ttft=950, tpot=60)
+    rows = {r.id: r for r in check_peer_targets(peers)}
+    assert rows["c1-tpot"].status == "not met"
+    assert rows["c1-default-tpot"].status == "not met" and "70.0 vs 60.0 ms" in rows[
+        "c1-default-tpot"].measured
+    assert "(Conveyor float32, vLLM-CPU bfloat16)" in rows["c16-vs-vllm"].target
 
 
 def test_c1_tpot_without_a_weight_format_is_not_met_even_when_faster():
