@@ -9,6 +9,7 @@ import torch
 from conveyor.engine.core.scheduler_output import SampledToken, ScheduledRequest
 from conveyor.engine.sampling import logits_processors as lp
 from conveyor.engine.sampling import spec_rows
+from conveyor.engine.sampling.row_argmax import row_argmax
 from conveyor.engine.sampling.sampling_batch import SamplingBatch
 
 
@@ -58,7 +59,7 @@ class Sampler:
             lp.apply_grammar_mask(logits, batch.grammar_mask)
         raw_logprobs = logits.float().log_softmax(dim=-1) if batch.needs_logprobs else None
         if batch.all_greedy and not batch.has_processors:
-            tokens = logits.argmax(dim=-1)  # nothing modifies the logits: no copy
+            tokens = row_argmax(logits)  # nothing modifies the logits: no copy
         else:
             processed = logits.float().clone()
             self._apply_processors(processed, batch)
@@ -75,7 +76,7 @@ class Sampler:
             lp.apply_penalties(logits, batch.penalties)
 
     def _choose(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        greedy_tokens = logits.argmax(dim=-1)
+        greedy_tokens = row_argmax(logits)
         if batch.all_greedy:
             return greedy_tokens
         logits.div_(batch.temperature[:, None])
@@ -89,7 +90,7 @@ class Sampler:
         for row, seed in batch.seeds:
             generator = torch.Generator(probs.device).manual_seed(seed)
             noise[row].exponential_(generator=generator)
-        return (probs / noise).argmax(dim=-1)
+        return row_argmax(probs / noise)
 
     def _to_sampled_tokens(self, tokens: torch.Tensor, raw_logprobs: torch.Tensor | None,
                            requests: Sequence[ScheduledRequest],

@@ -18,6 +18,7 @@ import torch
 
 from conveyor.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from conveyor.engine.model.llama import LlamaForCausalLM
+from conveyor.engine.sampling.row_argmax import row_argmax
 from conveyor.engine.worker.step_inputs import StepInputBuilder
 
 
@@ -77,7 +78,7 @@ class DraftModelProposer:
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
                             self.backend.plan(inputs.meta))
         logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_indices))
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens = row_argmax(logits).tolist()
         self.builder.fence.mark_complete()
         return tokens
 
