@@ -95,7 +95,8 @@ STEPS = {
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("window", [None, 6, 40])
 @pytest.mark.parametrize(("block_size", "group", "head_dim"),
-                         [(16, 3, 64), (4, 1, 32), (8, 4, 128), (1, 3, 64), (5, 2, 64)])
+                         [(16, 3, 64), (4, 1, 32), (8, 4, 128), (1, 3, 64), (5, 2, 64),
+                          (16, 7, 64), (4, 6, 128)])
 @pytest.mark.parametrize("seqs", STEPS.values(), ids=STEPS.keys())
 def test_native_matches_torch(make_random_step, seqs, block_size, group, head_dim, window,
                               path):
@@ -157,7 +158,7 @@ def test_fp16_store_rounds_as_torch_does(make_random_step):
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "kv16"])
 @pytest.mark.parametrize("window", [None, 6])
 @pytest.mark.parametrize(("block_size", "group", "head_dim"),
-                         [(16, 3, 64), (4, 1, 32), (8, 4, 128), (5, 2, 64)])
+                         [(16, 3, 64), (4, 1, 32), (8, 4, 128), (5, 2, 64), (16, 7, 64)])
 @pytest.mark.parametrize("seqs", STEPS.values(), ids=STEPS.keys())
 def test_bf16_rows_within_rounding_of_torch_in_fp32(make_random_step, seqs, block_size, group,
                                                     head_dim, window, kv_dtype, path):

@@ -165,99 +165,149 @@ void block_update(const T* v, int64_t token_stride, int64_t t0, int64_t t1, int6
 // ---------------------------------------------------------------------------------------------
 // The per-item code in 16 lanes (AVX-512): block_scores and block_update with zmm, for the
 // groups the cascade leaves to one item (a request's own blocks). Same arithmetic in another
-// order of sums; a key or value row's D elements are D / 16 loads.
+// order of sums; a key or value row's D elements are D / 16 loads. The item's G query rows
+// go in tiles of up to kTileRows<D> rows that share each key and value load (a 16-bit pool's
+// row is widened once for the tile, not once per query head).
 
-// s[0..J) = q . k[j] for J (4 or 8) tokens from k0: J independent FMA chains, reduced four
-// at a time.
-template <int D, int J, typename T>
-CONVEYOR_AVX512 inline void token_scores512(const __m512* qv, const T* k0, int64_t token_stride,
-                                            float* s) {
-  __m512 a[J];
-  for (int j = 0; j < J; ++j) a[j] = _mm512_setzero_ps();
+// Query rows a tile holds: its value accumulators, rows x D / 16, stay within 16 registers.
+template <int D>
+constexpr int kTileRows = D <= 64 ? 4 : (D == 128 ? 2 : 1);
+
+// s[r * bs + j] = q[r] . k[j] for the tile's R rows and J (1, 4 or 8) tokens from k0: R x J
+// independent FMA chains, each key chunk loaded (widened) once for the R rows.
+template <int D, int R, int J, typename T>
+CONVEYOR_AVX512 inline void tile_token_scores512(const float* q, const T* k0,
+                                                 int64_t token_stride, int64_t bs, float* s) {
+  __m512 a[R][J];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) a[r][j] = _mm512_setzero_ps();
   for (int c = 0; c < D / 16; ++c)
-    for (int j = 0; j < J; ++j)
-      a[j] = _mm512_fmadd_ps(qv[c], load16(k0 + j * token_stride + 16 * c), a[j]);
-  for (int j = 0; j < J; j += 4)
-    _mm_storeu_ps(s + j, reduce4_512(a[j], a[j + 1], a[j + 2], a[j + 3]));
-}
-
-// scores[g][t] = q[g] . k[t] for the block's tokens t0..t1, 8 tokens at a time, then 4,
-// then one by one.
-template <int D, typename T>
-CONVEYOR_AVX512 void block_scores512(const float* q, const T* k, int64_t token_stride,
-                                     int64_t t0, int64_t t1, int64_t G, int64_t bs,
-                                     float* scores) {
-  constexpr int C = D / 16;
-  for (int64_t g = 0; g < G; ++g) {
-    __m512 qv[C];
-    for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + g * D + 16 * c);
-    float* s = scores + g * bs;
-    int64_t t = t0;
-    for (; t + 8 <= t1; t += 8)
-      token_scores512<D, 8>(qv, k + t * token_stride, token_stride, s + t);
-    for (; t + 4 <= t1; t += 4)
-      token_scores512<D, 4>(qv, k + t * token_stride, token_stride, s + t);
-    for (; t < t1; ++t) {
-      const T* k0 = k + t * token_stride;
-      __m512 a = _mm512_setzero_ps();
-      for (int c = 0; c < C; ++c) a = _mm512_fmadd_ps(qv[c], load16(k0 + 16 * c), a);
-      s[t] = _mm512_reduce_add_ps(a);
+    for (int j = 0; j < J; ++j) {
+      const __m512 kc = load16(k0 + j * token_stride + 16 * c);
+      for (int r = 0; r < R; ++r)
+        a[r][j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * D + 16 * c), kc, a[r][j]);
+    }
+  for (int r = 0; r < R; ++r) {
+    if constexpr (J == 1) {
+      s[r * bs] = _mm512_reduce_add_ps(a[r][0]);
+    } else {
+      for (int j = 0; j < J; j += 4)
+        _mm_storeu_ps(s + r * bs + j, reduce4_512(a[r][j], a[r][j + 1], a[r][j + 2], a[r][j + 3]));
     }
   }
 }
 
-// block_update in 16 lanes: the block's scores masked 16 at a time; the values accumulated
-// in two sets of chains (even and odd tokens) where D / 16 chains alone would wait on the
-// FMA latency.
-template <int D, typename T>
-CONVEYOR_AVX512 void block_update512(const T* v, int64_t token_stride, int64_t t0, int64_t t1,
-                                     int64_t G, int64_t bs, float* scores, RowState st) {
+// scores[r][t] = q[r] . k[t] for the tile's R rows and the block's tokens t0..t1: 8 tokens at a
+// time while the tile has at most 2 rows (enough chains to hide the FMA latency), else 4; then
+// one by one.
+template <int D, int R, typename T>
+CONVEYOR_AVX512 void tile_scores512(const float* q, const T* k, int64_t token_stride, int64_t t0,
+                                    int64_t t1, int64_t bs, float* scores) {
+  constexpr int J = R <= 2 ? 8 : 4;
+  int64_t t = t0;
+  for (; t + J <= t1; t += J)
+    tile_token_scores512<D, R, J>(q, k + t * token_stride, token_stride, bs, scores + t);
+  for (; t < t1; ++t)
+    tile_token_scores512<D, R, 1>(q, k + t * token_stride, token_stride, bs, scores + t);
+}
+
+// One row's block softmax: its scores s[t0..t1] become exp(s - new max) in place, masked 16 at a
+// time; its running max and sum move on. Returns the correction its output takes (0 for the
+// first block; 1, with no exp, while the running maximum holds).
+CONVEYOR_AVX512 inline float row_softmax512(float* s, int64_t t0, int64_t t1, float& row_max,
+                                            float& row_sum) {
+  __m512 vmax = _mm512_set1_ps(kNegInf);
+  for (int64_t t = t0; t < t1; t += 16) {
+    const __mmask16 m = first_lanes16(t1 - t);
+    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), m, s + t));
+  }
+  const float new_max = std::max(row_max, _mm512_reduce_max_ps(vmax));
+  const float correction = new_max == row_max ? 1.0f : std::exp(row_max - new_max);
+  row_max = new_max;
+  const __m512 m = _mm512_set1_ps(new_max);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t t = t0; t < t1; t += 16) {
+    const __mmask16 k = first_lanes16(t1 - t);
+    const __m512 p = exp_nonpositive512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), m));
+    vsum = _mm512_mask_add_ps(vsum, k, vsum, p);
+    _mm512_mask_storeu_ps(s + t, k, p);
+  }
+  row_sum = row_sum * correction + _mm512_reduce_add_ps(vsum);
+  return correction;
+}
+
+// acc[r] = acc[r] * correction[r] + sum_t p[r][t] * v[t] for the tile's R rows (p = scores, bs
+// floats a row): each value chunk loaded (widened) once for the R rows, accumulated in two sets
+// of chains (even and odd tokens) where R x D / 16 chains alone would wait on the FMA latency.
+template <int D, int R, typename T>
+CONVEYOR_AVX512 void tile_values512(const T* v, int64_t token_stride, int64_t t0, int64_t t1,
+                                    int64_t bs, const float* p, const float* correction,
+                                    float* acc) {
   constexpr int C = D / 16;
-  constexpr int S = C < 8 ? 2 : 1;  // accumulator sets
-  for (int64_t g = 0; g < G; ++g) {
-    float* s = scores + g * bs;
-    __m512 vmax = _mm512_set1_ps(kNegInf);
-    for (int64_t t = t0; t < t1; t += 16) {
-      const __mmask16 m = first_lanes16(t1 - t);
-      vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), m, s + t));
-    }
-    const float block_max = _mm512_reduce_max_ps(vmax);
-    const float new_max = std::max(st.max[g], block_max);
-    // 0 for the first block; 1 (no exp) while the running maximum holds
-    const float correction = new_max == st.max[g] ? 1.0f : std::exp(st.max[g] - new_max);
-    st.max[g] = new_max;
-    const __m512 m = _mm512_set1_ps(new_max);
-    __m512 vsum = _mm512_setzero_ps();
-    for (int64_t t = t0; t < t1; t += 16) {
-      const __mmask16 k = first_lanes16(t1 - t);
-      const __m512 p = exp_nonpositive512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), m));
-      vsum = _mm512_mask_add_ps(vsum, k, vsum, p);
-      _mm512_mask_storeu_ps(s + t, k, p);
-    }
-    st.sum[g] = st.sum[g] * correction + _mm512_reduce_add_ps(vsum);
-    float* acc = st.acc + g * D;
-    __m512 a[S][C];
-    const __m512 corr = _mm512_set1_ps(correction);
+  constexpr int S = R * C <= 8 ? 2 : 1;  // accumulator sets
+  __m512 a[S][R][C];
+  for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
-      a[0][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), corr);
-      if constexpr (S == 2) a[1][c] = _mm512_setzero_ps();
+      a[0][r][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 16 * c),
+                                 _mm512_set1_ps(correction[r]));
+      if constexpr (S == 2) a[1][r][c] = _mm512_setzero_ps();
     }
-    int64_t t = t0;
-    for (; t + S <= t1; t += S)
-      for (int r = 0; r < S; ++r) {
-        const __m512 p = _mm512_set1_ps(s[t + r]);
-        const T* v0 = v + (t + r) * token_stride;
-        for (int c = 0; c < C; ++c) a[r][c] = _mm512_fmadd_ps(p, load16(v0 + 16 * c), a[r][c]);
+  int64_t t = t0;
+  for (; t + S <= t1; t += S)
+    for (int u = 0; u < S; ++u) {
+      const T* v0 = v + (t + u) * token_stride;
+      for (int c = 0; c < C; ++c) {
+        const __m512 vc = load16(v0 + 16 * c);
+        for (int r = 0; r < R; ++r)
+          a[u][r][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * bs + t + u]), vc, a[u][r][c]);
       }
-    for (; t < t1; ++t) {
-      const __m512 p = _mm512_set1_ps(s[t]);
-      const T* v0 = v + t * token_stride;
-      for (int c = 0; c < C; ++c) a[0][c] = _mm512_fmadd_ps(p, load16(v0 + 16 * c), a[0][c]);
     }
+  for (; t < t1; ++t) {
+    const T* v0 = v + t * token_stride;
     for (int c = 0; c < C; ++c) {
-      if constexpr (S == 2) a[0][c] = _mm512_add_ps(a[0][c], a[1][c]);
-      _mm512_storeu_ps(acc + 16 * c, a[0][c]);
+      const __m512 vc = load16(v0 + 16 * c);
+      for (int r = 0; r < R; ++r)
+        a[0][r][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * bs + t]), vc, a[0][r][c]);
     }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      if constexpr (S == 2) a[0][r][c] = _mm512_add_ps(a[0][r][c], a[1][r][c]);
+      _mm512_storeu_ps(acc + r * D + 16 * c, a[0][r][c]);
+    }
+}
+
+// One tile of R rows (query q, state st, scores at `scores`, bs floats a row) over one block.
+template <int D, int R, typename T>
+CONVEYOR_AVX512 void tile_block512(const float* q, const T* k, const T* v, int64_t token_stride,
+                                   int64_t t0, int64_t t1, int64_t bs, float* scores,
+                                   RowState st) {
+  tile_scores512<D, R>(q, k, token_stride, t0, t1, bs, scores);
+  float correction[R];
+  for (int r = 0; r < R; ++r)
+    correction[r] = row_softmax512(scores + r * bs, t0, t1, st.max[r], st.sum[r]);
+  tile_values512<D, R>(v, token_stride, t0, t1, bs, scores, correction, st.acc);
+}
+
+// block_scores + block_update in 16 lanes: the item's G rows in tiles of up to kTileRows<D>.
+template <int D, typename T>
+CONVEYOR_AVX512 void item_block512(const float* q, const T* k, const T* v, int64_t token_stride,
+                                   int64_t t0, int64_t t1, int64_t G, int64_t bs, float* scores,
+                                   RowState st) {
+  for (int64_t g = 0; g < G;) {
+    const int64_t r = std::min<int64_t>(G - g, kTileRows<D>);
+    const RowState tile{st.max + g, st.sum + g, st.acc + g * D};
+    const float* qg = q + g * D;
+    switch (r) {
+      case 4: tile_block512<D, kTileRows<D> >= 4 ? 4 : 1>(qg, k, v, token_stride, t0, t1, bs,
+                                                          scores, tile); break;
+      case 3: tile_block512<D, kTileRows<D> >= 3 ? 3 : 1>(qg, k, v, token_stride, t0, t1, bs,
+                                                          scores, tile); break;
+      case 2: tile_block512<D, kTileRows<D> >= 2 ? 2 : 1>(qg, k, v, token_stride, t0, t1, bs,
+                                                          scores, tile); break;
+      default: tile_block512<D, 1>(qg, k, v, token_stride, t0, t1, bs, scores, tile); break;
+    }
+    g += r;
   }
 }
 
@@ -658,10 +708,8 @@ CONVEYOR_AVX512 void attend_items_cascade(const Pool<T>& pool, const Batch<Q>& b
         const RowState state{max.data() + first_row, sum.data() + first_row,
                              acc.data() + first_row * D};
         if (zmm_items) {
-          block_scores512<D>(qi, pool.keys + sp.offset, pool.token_stride, sp.t0, sp.t1, G, bs,
-                             scores.data());
-          block_update512<D>(pool.values + sp.offset, pool.token_stride, sp.t0, sp.t1, G, bs,
-                             scores.data(), state);
+          item_block512<D>(qi, pool.keys + sp.offset, pool.values + sp.offset, pool.token_stride,
+                           sp.t0, sp.t1, G, bs, scores.data(), state);
         } else {
           block_scores<D>(qi, pool.keys + sp.offset, pool.token_stride, sp.t0, sp.t1, G, bs,
                           scores.data());
