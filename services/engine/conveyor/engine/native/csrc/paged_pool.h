@@ -41,12 +41,15 @@ inline void widen_rows(const T* src, int64_t token_stride, int64_t t0, int64_t t
   for (int64_t t = t0; t < t1; ++t) widen_row<D>(src + t * token_stride, dst + t * D);
 }
 
-// Cache lines from p to p + n elements, asked for ahead of their use.
+// Cache lines from p to p + n elements, asked for ahead of their use. An asm statement, not
+// _mm_prefetch: GCC 12 dropped the builtin's prefetches of rows longer than one line from the
+// decode kernel (none were emitted for 64-element fp32 or bf16 rows), so the pool was streamed
+// unasked.
 template <typename T>
 inline void prefetch_row(const T* p, int64_t n) {
   constexpr int64_t kLine = 64 / sizeof(T);
   for (int64_t e = 0; e < n; e += kLine)
-    _mm_prefetch(reinterpret_cast<const char*>(p + e), _MM_HINT_T0);
+    asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(p + e)));
 }
 
 inline bool is_pool_dtype(const torch::Tensor& kv_cache) {
