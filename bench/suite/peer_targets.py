@@ -76,13 +76,14 @@ def _c1_tpot(peers: dict) -> PeerTarget:
     if not ours or not theirs:
         return PeerTarget("c1-tpot", label, "conveyor or llama-server not measured at c1",
                           "not measured")
-    measured = (f"{system or 'conveyor (fp32: no weight format ran)'} "
+    measured = (f"{system or 'conveyor (no weight format ran)'} "
                 f"{ours['p50_tpot_ms']:.1f} ms vs llama-server {theirs['p50_tpot_ms']:.1f} ms")
     others = [f"{name} {figures(peers, name, 'c1')['p50_tpot_ms']:.1f} ms"
               for name in weight_format_systems(peers)[1:]]
-    fp32 = figures(peers, "conveyor", "c1")
-    if system and fp32:
-        others.append(f"conveyor fp32 {fp32['p50_tpot_ms']:.1f} ms")
+    default = figures(peers, "conveyor", "c1")
+    if system and default:
+        weights = peers["systems"]["conveyor"].get("weights", "default")
+        others.append(f"conveyor {weights} {default['p50_tpot_ms']:.1f} ms")
     if others:
         measured += f" ({', '.join(others)})"
     measured += f" = {ours['p50_tpot_ms'] / max(theirs['p50_tpot_ms'], 1e-9):.2f}x"

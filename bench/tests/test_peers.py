@@ -302,7 +302,7 @@ def test_c1_tpot_takes_the_quickest_weight_format_and_names_the_others():
                                        "scenarios": {"c1": fig(30, tpot=15)}}
     row = next(r for r in check_peer_targets(peers) if r.id == "c1-tpot")
     assert row.status == "met" and row.measured.startswith("conveyor-q4 15.0 ms")
-    assert "conveyor-int8 21.0 ms" in row.measured and "conveyor fp32 70.0 ms" in row.measured
+    assert "conveyor-int8 21.0 ms" in row.measured and "conveyor float32 70.0 ms" in row.measured
 
 
 def test_c1_tpot_needs_a_fifth_below_llama_server_and_the_default_vllm_at_its_dtype():
