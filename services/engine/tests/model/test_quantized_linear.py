@@ -361,3 +361,44 @@ def test_the_block_kernels_release_the_gil(kernels, wakeups_during, weight_class
     during, elapsed = wakeups_during(calls)
     assert elapsed > 0.003, "the kernel ran too briefly to tell"
     assert during >= 3, f"{during} wake-ups in {elapsed * 1e3:.1f} ms of kernel calls"
+
+
+def test_int8_formats_run_larger_steps_in_bf16_where_the_cpu_has_native_bf16() -> None:
+    from conveyor.engine.native.cpu_features import CpuFeatures
+
+    amx = CpuFeatures(avx2=True, avx512=True, avx512_vnni=True, avx512_bf16=True, amx=True)
+    avx2 = CpuFeatures(avx2=True, avx512=False, avx512_vnni=False, avx512_bf16=False, amx=False)
+    assert ql.large_step_dtype("q4_1_int8", amx, "auto") == torch.bfloat16
+    assert ql.large_step_dtype("q8_0_int8", amx, "auto") == torch.bfloat16
+    assert ql.large_step_dtype("q4_1_int8", avx2, "auto") == torch.float32
+    assert ql.large_step_dtype("q4_1_int8", avx2, "bf16") == torch.bfloat16  # forced
+    assert ql.large_step_dtype("q4_1_int8", amx, "fp32") == torch.float32
+    for exact in ("q4_1", "q8_0", "fp16"):  # fp32 activations: fp32's results stay
+        assert ql.large_step_dtype(exact, amx, "bf16") == torch.float32
+
+
+@pytest.mark.parametrize("choice", ["bf16", "fp32"])
+def test_an_int8_layer_runs_steps_past_its_rows_in_the_chosen_dtype(kernels, monkeypatch,
+                                                                     choice) -> None:
+    monkeypatch.setattr(ql, "INT8_PREFILL", choice)
+    model = _Tiny()
+    fp32_weight = model.proj.weight.detach().clone()
+    quantize_linears(model, "q4_1_int8")
+    layer = model.proj
+    expected = torch.bfloat16 if choice == "bf16" else torch.float32
+    assert layer.dense.weight.dtype == expected
+    assert torch.equal(layer.dense.weight.float(), fp32_weight.to(expected).float())
+    x = torch.randn(40, 64)  # past the 32 rows of the int8 kernel
+    out = layer(x)
+    assert out.dtype == torch.float32
+    reference = x.to(expected).double() @ fp32_weight.to(expected).double().t()
+    assert _relative_error(out, reference) < (1e-2 if choice == "bf16" else TOLERANCE)
+    small = torch.randn(4, 64)  # the int8 kernel's rows are unchanged
+    assert torch.equal(layer(small), layer.weights.matmul(small))
+
+
+def test_formats_with_fp32_activations_keep_fp32_for_larger_steps(kernels, monkeypatch) -> None:
+    monkeypatch.setattr(ql, "INT8_PREFILL", "bf16")
+    model = _Tiny()
+    quantize_linears(model, "q4_1")
+    assert model.proj.dense.weight.dtype == torch.float32

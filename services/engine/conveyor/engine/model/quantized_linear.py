@@ -13,7 +13,9 @@ unchanged, at the price of keeping the fp32 weights in memory too.
   int8 once per call and integer dot products (llama.cpp's Q4_1 x Q8_1): faster, but the
   activation rounding changes results, unlike q4_1's fp32 activations. Its weights are
   packed 8 output rows at a time (Rows8Packing) for native/csrc/rows8_i8_linear.cpp, whose
-  integer multiply-adds give 8 rows' dots in the lanes of one vector.
+  integer multiply-adds give 8 rows' dots in the lanes of one vector. Its larger steps
+  (prefill) run in bf16 on a CPU with native bf16 (AMX tiles through oneDNN: 2-3x fp32's
+  prefill), their weights kept in bf16 instead of fp32 (CONVEYOR_INT8_PREFILL).
 
 The bundled checkpoint is itself Q4_1 with a Q8_0 token embedding, and the blocks are
 recovered from the dequantized fp32 weights exactly (the log says which share of blocks
@@ -33,7 +35,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from conveyor.engine.model.cpu_linear import CpuLinear
+from conveyor.engine.model.cpu_linear import CpuLinear, onednn_packing_available
+from conveyor.engine.native.cpu_features import CpuFeatures, cpu_features
+from conveyor.engine.native.switches import switch
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +50,9 @@ DECODE_MAX_ROWS = {"fp16": 8, "q8_0": 8, "q4_1": 8, "q8_0_int8": 32, "q4_1_int8"
 """Steps of at most this many rows use the format's kernel; larger ones the fp32 CpuLinear
 (measured: bench/weight_formats.py --rows). The int8 formats' 8-row packing beats fp32 up to
 64 rows (1.2-1.5x at 16-64 on the sixth round's VM); 32 keeps longer prompts' prefill in fp32."""
+INT8_FORMATS = ("q8_0_int8", "q4_1_int8")
+"""The formats that round activations (to int8) already, so their larger steps may run in bf16."""
+INT8_PREFILL = switch("CONVEYOR_INT8_PREFILL")
 BLOCK = 32
 ROWS8 = 8
 """The int8-activation formats pack their weights this many output rows at a time."""
@@ -296,7 +303,8 @@ WEIGHT_CLASSES: dict[str, Callable[[torch.Tensor], object]] = {
 
 class QuantizedLinear(nn.Module):
     """A CpuLinear whose steps of up to `max_rows` rows read `weights` (a format above)
-    instead of the fp32 weight. The fp32 layer stays for larger steps and as `dense`."""
+    instead of the fp32 weight. `dense` takes the larger steps: the fp32 layer, or for an int8
+    format on a native-bf16 CPU a bf16 copy of it (the activations cast to bf16 and back)."""
 
     def __init__(self, dense: CpuLinear, weights, max_rows: int | None = None) -> None:
         super().__init__()
@@ -311,7 +319,7 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if rows > self.max_rows:
-            return self.dense(x)
+            return self.dense(x.to(self.dense.weight.dtype)).to(x.dtype)
         out = self.weights.matmul(x.reshape(rows, self.in_features).contiguous())
         if self.dense.bias is not None:
             out += self.dense.bias
@@ -356,6 +364,35 @@ def _replace_linears(model: nn.Module, weight_format: str) -> None:
             continue
         setattr(parent, name, QuantizedLinear(child, WEIGHT_CLASSES[fmt](child.weight)))
     _log_exactness(model)
+    _larger_steps_in_bf16(model)
+
+
+def large_step_dtype(weight_format: str, features: CpuFeatures | None = None,
+                     choice: str | None = None) -> torch.dtype:
+    """The dtype of a layer's steps past its format's rows: bf16 for an int8 format where the
+    CPU has native bf16 (CONVEYOR_INT8_PREFILL auto) or where the switch says bf16, else fp32
+    (the formats with fp32 activations keep fp32's results)."""
+    choice = INT8_PREFILL if choice is None else choice
+    if weight_format not in INT8_FORMATS or choice == "fp32":
+        return torch.float32
+    if choice == "bf16":
+        return torch.bfloat16
+    return torch.bfloat16 if (features or cpu_features()).native_bf16 else torch.float32
+
+
+def _larger_steps_in_bf16(model: nn.Module) -> None:
+    """Swap the fp32 dense layer of each int8-format layer for a bf16 copy where
+    large_step_dtype says so (prefill on AMX tiles; the fp32 weights are freed)."""
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)
+              and large_step_dtype(m.weight_format) == torch.bfloat16]
+    pack = onednn_packing_available(torch.bfloat16)
+    for layer in layers:
+        dense = layer.dense
+        bias = None if dense.bias is None else dense.bias.to(torch.bfloat16)
+        layer.dense = CpuLinear(dense.weight.to(torch.bfloat16), bias, pack=pack, gemv=False)
+    if layers:
+        logger.info("int8 format: steps past %d rows run in bf16 (%d layers; "
+                    "CONVEYOR_INT8_PREFILL=fp32 keeps fp32)", layers[0].max_rows, len(layers))
 
 
 def _log_exactness(model: nn.Module) -> None:

@@ -32,6 +32,12 @@ SWITCHES = MappingProxyType({
         ("auto", "avx2", "avx512", "off"),
         "The MLP's silu(gate) * up in one C++ pass (fused_layer_ops.cpp): auto takes AVX-512 "
         "where the CPU has it, avx2/avx512 force a path, off keeps torch's silu and mul."),
+    "CONVEYOR_INT8_PREFILL": Switch(
+        ("auto", "bf16", "fp32"),
+        "Steps past the block kernels' rows (prefill chunks) under an int8 weight format "
+        "(q4_1_int8): bf16 runs them through oneDNN on bf16 copies of the weights (AMX tiles "
+        "where the CPU has them), the activations rounded to bf16 on the way in; fp32 keeps the "
+        "fp32 weights; auto: bf16 where the CPU has native bf16 (AVX512-BF16 or AMX)."),
     "CONVEYOR_PREFILL_ATTENTION": Switch(
         ("auto", "native", "native-avx2", "native-avx512", "torch"),
         "With attention backend native, prefill chunks through its C++ flash kernel reading "
