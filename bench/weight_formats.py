@@ -248,8 +248,9 @@ def kernel_table(llms: dict, rows_list: list[int], repeats: int = 5) -> list[dic
                       and not n.endswith(".dense")]
             for layer in quantized_layers(llm):
                 layer.max_rows = max(rows_list)
-            inputs = {id(m): torch.randn(rows, m.in_features,
-                                         dtype=getattr(m, "dense", m).weight.dtype)
+            inputs = {id(m): torch.randn(rows, m.in_features,  # a format's model runs fp32
+                                         dtype=torch.float32 if hasattr(m, "weights")
+                                         else m.weight.dtype)
                       for m in layers}
             times = []
             with torch.inference_mode():
