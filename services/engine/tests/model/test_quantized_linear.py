@@ -397,6 +397,19 @@ def test_an_int8_layer_runs_steps_past_its_rows_in_the_chosen_dtype(kernels, mon
     assert torch.equal(layer(small), layer.weights.matmul(small))
 
 
+def test_an_int8_layer_adds_its_fp32_bias_when_its_larger_steps_are_bf16(kernels,
+                                                                         monkeypatch) -> None:
+    monkeypatch.setattr(ql, "INT8_PREFILL", "bf16")
+    model = _Tiny()
+    model.proj = CpuLinear.from_linear(nn.Linear(64, 64), pack=False)
+    bias = model.proj.bias.detach().clone()
+    quantize_linears(model, "q4_1_int8")
+    layer = model.proj
+    assert layer.dense.bias.dtype == torch.bfloat16 and layer.bias.dtype == torch.float32
+    small = torch.randn(4, 64)
+    assert torch.equal(layer(small), layer.weights.matmul(small) + bias)
+
+
 def test_formats_with_fp32_activations_keep_fp32_for_larger_steps(kernels, monkeypatch) -> None:
     monkeypatch.setattr(ql, "INT8_PREFILL", "bf16")
     model = _Tiny()

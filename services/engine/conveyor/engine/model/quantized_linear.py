@@ -309,6 +309,8 @@ class QuantizedLinear(nn.Module):
     def __init__(self, dense: CpuLinear, weights, max_rows: int | None = None) -> None:
         super().__init__()
         self.dense, self.weights = dense, weights
+        self.bias = None if dense.bias is None else dense.bias.detach()
+        """The fp32 bias the format's steps add (`dense` may hold a bf16 copy)."""
         self.max_rows = DECODE_MAX_ROWS[weights.name] if max_rows is None else max_rows
         self.in_features, self.out_features = dense.in_features, dense.out_features
 
@@ -321,8 +323,8 @@ class QuantizedLinear(nn.Module):
         if rows > self.max_rows:
             return self.dense(x.to(self.dense.weight.dtype)).to(x.dtype)
         out = self.weights.matmul(x.reshape(rows, self.in_features).contiguous())
-        if self.dense.bias is not None:
-            out += self.dense.bias
+        if self.bias is not None:
+            out += self.bias
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
