@@ -35,7 +35,8 @@ def describe_gemm(model: nn.Module, features: CpuFeatures) -> str:
     quantized = next((m for m in model.modules() if isinstance(m, QuantizedLinear)), None)
     if quantized is not None:
         above = describe_dense(quantized.dense, features).removesuffix(" at every row count")
-        return f"{quantized.weight_format} blocks up to {quantized.max_rows} rows, above that {above}"
+        return (f"{quantized.weight_format} blocks up to {quantized.max_rows} rows, "
+                f"above that {above}")
     linear = next((m for m in model.modules() if isinstance(m, CpuLinear)), None)
     return "torch" if linear is None else describe_dense(linear, features)
 
