@@ -1,13 +1,14 @@
 """Conveyor's engine: paged KV cache, continuous batching and a Llama-family model.
 
-`from conveyor.engine import LLM, SamplingParams, StructuredOutputsParams` is the offline
-(in-process) API.
+`from conveyor.engine import LLM, LoRARequest, SamplingParams, StructuredOutputsParams` is
+the offline (in-process) API.
 """
 
+from conveyor.engine.lora.lora_request import LoRARequest
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.structured.structured_outputs_params import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "StructuredOutputsParams"]
 
 
 def __getattr__(name: str):

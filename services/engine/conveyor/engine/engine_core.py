@@ -36,6 +36,7 @@ from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.engine_stats import EngineStats
 from conveyor.engine.isolating_runner import IsolatingRunner, ModelRunnerLike
 from conveyor.engine.iteration_stats import FinishedRequestStats, IterationStats
+from conveyor.engine.lora.adapter_store import AdapterStore
 from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.request_timing import PrefillChunk, RequestTiming
 from conveyor.engine.step_result import StepResult
@@ -51,13 +52,15 @@ class EngineCore:
 
     def __init__(self, scheduler: Scheduler, runner: ModelRunnerLike, info: EngineInfo,
                  grammars: GrammarCompiler | None = None,
-                 grammar_compile_timeout_s: float = 10.0):
+                 grammar_compile_timeout_s: float = 10.0, loras: AdapterStore | None = None):
         self.scheduler = scheduler
         self._isolating = IsolatingRunner(runner)
         self.info = info
         self.grammars = grammars
         """Compiles structured-output constraints; None: such requests are refused."""
         self.grammar_compile_timeout_s = grammar_compile_timeout_s
+        self.loras = loras
+        """The LoRA adapters held in memory; None: this engine serves none (max_loras 0)."""
         self._children: dict[str, list[str]] = {}
         """Caller request id -> its unfinished scheduler request ids (held ones included)."""
         self._held_siblings: dict[str, list[Request]] = {}
@@ -129,6 +132,7 @@ class EngineCore:
                                          prompt_logprobs=prompt_logprobs)
         return Request(request_id, list(request.prompt_token_ids), params,
                        priority=request.priority, cache_salt=request.cache_salt,
+                       lora=request.lora,
                        output_token_ids=list(request.output_token_ids),
                        exempt_from_bounds=index > 0, parent_id=request.request_id,
                        sample_index=index, timing=RequestTiming(request.arrival_time))
@@ -356,11 +360,19 @@ class EngineCore:
             prefix_cache_queries=stats.num_prefix_query_tokens,
             prefix_cache_hits=stats.num_prefix_hit_tokens,
             num_preemptions=stats.num_preemptions,
+            lora_adapters=self.loras.names() if self.loras is not None else (),
+            running_lora_adapters=_adapter_names(self.scheduler.running),
+            waiting_lora_adapters=_adapter_names(self.scheduler.waiting),
         )
 
     @property
     def _num_held_siblings(self) -> int:
         return sum(len(held) for held in self._held_siblings.values())
+
+
+def _adapter_names(requests: Iterable[Request]) -> tuple[str, ...]:
+    """The adapters of `requests`, each once, in order."""
+    return tuple(dict.fromkeys(r.lora.name for r in requests if r.lora is not None))
 
 
 def _is_prefill(item: ScheduledRequest) -> bool:

@@ -10,6 +10,7 @@ from conveyor.engine.core.config import SchedulerConfig
 from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.engine_info import EngineInfo
+from conveyor.engine.lora.adapter_store import AdapterStore
 from conveyor.engine.settings import EngineSettings
 from conveyor.engine.structured.grammar_compiler import GrammarCompiler, grammar_tokenizer
 
@@ -47,7 +48,15 @@ def build_engine_core(settings: EngineSettings) -> EngineCore:
 
         log.info("engine %s kernels: %s", info.engine_id,
                  describe_cpu_paths(runner.model, runner.backend, runner.config.torch_dtype))
-    return EngineCore(scheduler, runner, info, grammars, settings.grammar_compile_timeout_s)
+    return EngineCore(scheduler, runner, info, grammars, settings.grammar_compile_timeout_s,
+                      _adapter_store(settings, runner))
+
+
+def _adapter_store(settings: EngineSettings, runner) -> AdapterStore | None:
+    if not settings.enable_lora:
+        return None
+    return AdapterStore(runner.model_config, settings.max_loras, settings.max_lora_rank,
+                        settings.max_cpu_loras, runner.config.torch_dtype)
 
 
 def _grammar_compiler(settings: EngineSettings, info: EngineInfo) -> GrammarCompiler:
@@ -96,6 +105,8 @@ def _runner_config(settings: EngineSettings):
         draft_model=settings.resolved_draft_model(),
         draft_weight_format=settings.speculative_draft_weight_format,
         draft_max_requests=settings.speculative_max_running,
+        max_loras=settings.max_loras if settings.enable_lora else 0,
+        max_lora_rank=settings.max_lora_rank,
     )
 
 
@@ -111,6 +122,8 @@ def _engine_info(settings: EngineSettings, runner) -> EngineInfo:
         dtype=runner.config.dtype,
         engine_id=settings.resolved_engine_id(),
         eos_token_ids=tuple(model_config.eos_token_ids),
+        max_loras=runner.config.max_loras,
+        max_lora_rank=runner.config.max_lora_rank if runner.config.max_loras else 0,
     )
 
 
@@ -129,4 +142,5 @@ def _scheduler_config(settings: EngineSettings, info: EngineInfo) -> SchedulerCo
         ngram_min=settings.ngram_prompt_lookup_min,
         ngram_max=settings.ngram_prompt_lookup_max,
         speculative_max_running=settings.speculative_max_running,
+        max_loras=info.max_loras,
     )

@@ -16,6 +16,10 @@ class EngineInfo:
     dtype: str
     engine_id: str
     eos_token_ids: tuple[int, ...] = ()
+    max_loras: int = 0
+    """Most distinct LoRA adapters in one step (0: this engine serves no adapters)."""
+    max_lora_rank: int = 0
+    """Largest adapter rank it accepts."""
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from conveyor.engine.lora.adapter import LoraAdapter
 from conveyor.engine.sampling_params import SamplingParams
 
 
@@ -23,6 +24,9 @@ class EngineRequest:
     """Lower runs first; ties go to the earlier arrival."""
     cache_salt: str | None = None
     """Mixed into prefix-cache hashes; requests with different salts share no blocks."""
+    lora: LoraAdapter | None = None
+    """The LoRA adapter to run with, already read (AdapterStore.load); None: the base model.
+    Its prefix-cache blocks are its own, as a salt's are."""
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     """Output already produced elsewhere (a moved stream): continued after, never sent."""

@@ -25,6 +25,12 @@ class EngineStats:
     num_preemptions: int = 0
     num_requests_shed: int = 0
     """Requests refused or pushed out because the waiting queue was full."""
+    lora_adapters: tuple[str, ...] = ()
+    """LoRA adapters held in memory (requests naming them start without reading files)."""
+    running_lora_adapters: tuple[str, ...] = ()
+    """Adapters of the running requests."""
+    waiting_lora_adapters: tuple[str, ...] = ()
+    """Adapters of the waiting requests."""
 
     @property
     def kv_usage(self) -> float:

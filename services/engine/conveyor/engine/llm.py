@@ -23,6 +23,8 @@ from conveyor.common.settings import DEFAULT_MODEL
 from conveyor.engine.completion_output import CompletionOutput
 from conveyor.engine.engine_factory import build_engine_core
 from conveyor.engine.engine_request import EngineRequest
+from conveyor.engine.lora.adapter import LoraAdapter
+from conveyor.engine.lora.lora_request import LoRARequest
 from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.request_output import RequestOutput
 from conveyor.engine.request_validation import validate_request
@@ -61,11 +63,14 @@ class LLM:
     def generate(self, prompts: PromptInput | Sequence[PromptInput],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool | None = None,
-                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 priority: Sequence[int] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+                 ) -> list[RequestOutput]:
         """Generate for each prompt; outputs come back in the prompts' order.
 
         `priority` (one per prompt, lower runs first) orders admission and picks
-        preemption victims, as in the server.
+        preemption victims, as in the server. `lora_request` (one for all, or one per
+        prompt, None for the base model) runs prompts with LoRA adapters (enable_lora).
 
         Raises ValueError (before running anything) when a prompt is empty, too long
         for max_model_len with its max_tokens, or has token ids outside the vocabulary;
@@ -78,8 +83,9 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(items)
         if len(priorities) != len(items):
             raise ValueError(f"got {len(priorities)} priorities for {len(items)} prompts")
-        requests = [self._request(o, p, rank)
-                    for o, p, rank in zip(outputs, params, priorities, strict=True)]
+        adapters = self._adapters(lora_request, len(items))
+        requests = [self._request(o, p, rank, adapter) for o, p, rank, adapter
+                    in zip(outputs, params, priorities, adapters, strict=True)]
         for request in requests:
             validate_request(request, self.core.info)
         self._run(requests, outputs, _show_progress(use_tqdm, len(requests)))
@@ -107,10 +113,25 @@ class LLM:
             token_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return RequestOutput(str(next(self._ids)), text, list(token_ids))
 
+    def _adapters(self, lora_request, num_prompts: int) -> list[LoraAdapter | None]:
+        """Each prompt's adapter, read now; ValueError when LoRA is off or one is invalid."""
+        if lora_request is None:
+            return [None] * num_prompts
+        wanted = ([lora_request] * num_prompts if isinstance(lora_request, LoRARequest)
+                  else list(lora_request))
+        if len(wanted) != num_prompts:
+            raise ValueError(f"got {len(wanted)} lora_requests for {num_prompts} prompts")
+        if self.core.loras is None and any(wanted):
+            raise ValueError("LoRA adapters need enable_lora=True")
+        return [None if w is None else self.core.loras.load(w.lora_name, w.lora_path)
+                for w in wanted]
+
     @staticmethod
-    def _request(output: RequestOutput, params: SamplingParams, priority: int) -> EngineRequest:
+    def _request(output: RequestOutput, params: SamplingParams, priority: int,
+                 lora: LoraAdapter | None = None) -> EngineRequest:
         output.outputs = [CompletionOutput(index=i) for i in range(params.n)]
-        return EngineRequest(output.request_id, output.prompt_token_ids, params, priority)
+        return EngineRequest(output.request_id, output.prompt_token_ids, params, priority,
+                             lora=lora)
 
     def _run(self, requests: list[EngineRequest], outputs: list[RequestOutput],
              progress: bool) -> None:

@@ -145,6 +145,24 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         "larger batch each weight read already serves many tokens and drafts add compute.",
     )
 
+    enable_lora: bool = Field(
+        False, description="Serve LoRA adapters (PEFT folders named by requests, read on first "
+        "use): every q/k/v/o/gate/up/down projection gets max_loras adapter slots; steps "
+        "with adapter rows cost more (docs/benchmarks.md, LoRA), steps without cost the same.",
+    )
+    max_loras: int = Field(
+        4, ge=1, description="LoRA: most distinct adapters in one step; requests of a further "
+        "adapter wait until one finishes.",
+    )
+    max_lora_rank: int = Field(
+        16, ge=1, description="LoRA: the largest adapter rank accepted (each slot is this wide: "
+        "a smaller rank computes zeros up to it).",
+    )
+    max_cpu_loras: int = Field(
+        16, ge=1, description="LoRA: adapters kept in memory, least recently used out first "
+        "(a request naming one forgotten reads its files again).",
+    )
+
     @field_validator("torch_threads")
     @classmethod
     def _idle_cores_when_unset(cls, value: int | None) -> int:

@@ -43,6 +43,7 @@ class BatchBuilder:
             sampling_params=request.sampling_params,
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
+            lora=request.lora,
             grammar=request.grammar.matcher if request.grammar is not None else None,
         )
         self._scheduled[request.request_id] = scheduled

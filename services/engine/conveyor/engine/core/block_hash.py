@@ -30,8 +30,8 @@ class BlockKey:
     """The previous block's hash; None for a sequence's first block."""
     token_ids: tuple[int, ...]
     extra_keys: tuple[str, ...] = ()
-    """Keys that must also match, such as the tenant's cache salt (first block only:
-    later blocks inherit it through `parent_hash`)."""
+    """Keys that must also match: the tenant's cache salt and the LoRA adapter (first block
+    only: later blocks inherit them through `parent_hash`)."""
 
 
 def hash_block_tokens(key: BlockKey) -> BlockHash:
@@ -51,7 +51,13 @@ def block_key(
     token_ids: Sequence[int],
     parent_hash: BlockHash | None,
     cache_salt: str | None,
+    lora_key: str | None = None,
 ) -> BlockKey:
-    """The key of a block whose parent hash is `parent_hash` (None: the first block)."""
-    extra_keys = (cache_salt,) if parent_hash is None and cache_salt is not None else ()
+    """The key of a block whose parent hash is `parent_hash` (None: the first block). The
+    first block's extra keys name the cache salt and the LoRA adapter, each tagged so that
+    a salt never reads as an adapter."""
+    extra_keys: tuple[str, ...] = ()
+    if parent_hash is None:
+        extra_keys = tuple(f"{tag}={value}" for tag, value in
+                           (("salt", cache_salt), ("lora", lora_key)) if value is not None)
     return BlockKey(parent_hash, tuple(token_ids), extra_keys)

@@ -47,6 +47,9 @@ class SchedulerConfig:
     speculative_max_running: int = 4
     """Speculate only while at most this many requests run: a larger batch already reads
     each weight once for many tokens, and draft rows would only add compute."""
+    max_loras: int = 0
+    """Most distinct LoRA adapters among the running requests (the runner's slots); 0: no
+    adapters."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -67,7 +70,7 @@ class SchedulerConfig:
             value = getattr(self, name)
             if value < 1:
                 raise InvalidSchedulerConfig(f"{name} must be at least 1, got {value}")
-        for name in ("num_speculative_tokens", "speculative_max_running"):
+        for name in ("num_speculative_tokens", "speculative_max_running", "max_loras"):
             value = getattr(self, name)
             if value < 0:
                 raise InvalidSchedulerConfig(f"{name} must be at least 0, got {value}")

@@ -184,4 +184,5 @@ class KVCacheManager:
         start = index * self.block_size
         parent = request.block_hashes[index - 1] if index > 0 else None
         tokens = request.token_ids_in(start, start + self.block_size)
-        return block_hash.block_key(tokens, parent, request.cache_salt)
+        lora_key = request.lora.key if request.lora is not None else None
+        return block_hash.block_key(tokens, parent, request.cache_salt, lora_key)

@@ -11,6 +11,7 @@ from conveyor.engine.request_timing import RequestTiming
 from conveyor.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from conveyor.engine.lora.adapter import LoraAdapter
     from conveyor.engine.structured.request_grammar import RequestGrammar
 
 
@@ -54,6 +55,9 @@ class Request:
     """Lower runs first; ties go to the earlier arrival."""
     cache_salt: str | None = None
     """Mixed into the first block's hash: different salts never share cached blocks."""
+    lora: LoraAdapter | None = None
+    """The LoRA adapter it runs with (None: the base model); its key is mixed into the first
+    block's hash like the salt, and the scheduler keeps a step's adapters within max_loras."""
     arrival_seq: int = 0
     """Arrival order, set by `Scheduler.add_request`; kept across preemptions."""
     output_token_ids: list[int] = field(default_factory=list)

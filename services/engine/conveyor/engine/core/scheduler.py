@@ -280,17 +280,25 @@ class Scheduler:
 
     def _schedule_waiting(self, batch: BatchBuilder) -> None:
         """Admit waiting requests in order while they fit. A request still waiting for its
-        grammar is passed over: those behind it may run meanwhile."""
+        grammar, or whose LoRA adapter would make the running requests' adapters more than
+        max_loras, is passed over: those behind it may run meanwhile."""
+        adapters = {r.lora.key for r in self.running if r.lora is not None}
         num_passed = 0
         while num_passed < len(self.waiting) and batch.token_budget > 0:
             request = self.waiting.peek(num_passed)
-            if request.is_awaiting_grammar:
+            if request.is_awaiting_grammar or self._over_max_loras(request, adapters):
                 num_passed += 1
                 continue
             if request.request_id in batch.preempted_request_ids:
                 break  # everything behind a request preempted this step ranks below it
             if not self._admit(request, batch):
                 break
+            if request.lora is not None:
+                adapters.add(request.lora.key)
+
+    def _over_max_loras(self, request: Request, adapters: set[str]) -> bool:
+        return (request.lora is not None and request.lora.key not in adapters
+                and len(adapters) >= self.config.max_loras)
 
     def _admit(self, request: Request, batch: BatchBuilder) -> bool:
         """Move a waiting request (the first not waiting for its grammar) to running with its

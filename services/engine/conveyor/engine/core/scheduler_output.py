@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from conveyor.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from conveyor.engine.lora.adapter import LoraAdapter
     from conveyor.engine.structured.grammar_matcher import GrammarMatcher
 
 
@@ -37,6 +38,8 @@ class ScheduledRequest:
     sampling_params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]
+    lora: LoraAdapter | None = None
+    """The adapter its rows run with (None: the base model)."""
     grammar: GrammarMatcher | None = None
     """A constrained request's matcher, at its output so far: the sampler masks the tokens
     it does not allow."""

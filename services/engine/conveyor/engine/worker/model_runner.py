@@ -7,6 +7,7 @@ import logging
 import torch
 
 from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from conveyor.engine.lora.lora_slots import LoraSlots
 from conveyor.engine.model.llama import LlamaForCausalLM
 from conveyor.engine.model.loader import load_model
 from conveyor.engine.sampling.sampler import Sampler
@@ -54,6 +55,9 @@ class ModelRunner:
             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
             block_size=config.block_size, device=self.device)
         self.decode_graphs: DecodeGraphs | None = None
+        self.loras = (LoraSlots(self.model, config.max_loras, config.max_lora_rank,
+                                config.torch_dtype, self.device) if config.max_loras else None)
+        """The model's LoRA projections and which adapter is in which slot; None: no LoRA."""
         self.capacity = self._size_kv_pool()
         self.kv_caches = allocate_kv_caches(self.model_config, self.capacity.num_blocks,
                                             config.block_size, config.torch_kv_dtype,
@@ -101,6 +105,8 @@ class ModelRunner:
         size = self.decode_graphs.bucket_for(output) if self.decode_graphs else None
         if size is None:
             inputs = self.inputs.build(output)
+            if self.loras is not None:
+                self.loras.set_step(output.scheduled)
             return inputs, self._forward(inputs)()
         return self.decode_graphs.run(output, size)
 

@@ -57,6 +57,11 @@ class RunnerConfig:
     """GPU with the triton backend: replay decode steps from CUDA graphs captured at start."""
     cuda_graph_max_batch_size: int = 256
     """Largest decode batch captured (also capped by max_num_seqs); larger steps run eagerly."""
+    max_loras: int = 0
+    """LoRA: adapter slots of every adapted projection, the most adapters in one step (0:
+    no LoRA projections at all)."""
+    max_lora_rank: int = 16
+    """LoRA: the largest adapter rank (each slot is this wide)."""
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -84,8 +89,10 @@ class RunnerConfig:
 
     @property
     def uses_cuda_graphs(self) -> bool:
-        """Graphs need a device, and a backend that plans without reading the device."""
-        return self.cuda_graphs and self.is_cuda and self.backend_name == "triton"
+        """Graphs need a device, and a backend that plans without reading the device; LoRA
+        steps run eagerly (which slots a step reaches changes its ops)."""
+        return (self.cuda_graphs and self.is_cuda and self.backend_name == "triton"
+                and not self.max_loras)
 
     @property
     def backend_name(self) -> str:
@@ -116,6 +123,9 @@ class RunnerConfig:
                              "kv_cache_dtype to auto")
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.max_loras < 0 or self.max_lora_rank < 1:
+            raise ValueError(f"max_loras ({self.max_loras}) must be at least 0 and "
+                             f"max_lora_rank ({self.max_lora_rank}) at least 1")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.cuda_graph_max_batch_size < 1:
