@@ -18,6 +18,7 @@ twice as long (docs/performance.md, "One thread for the engine's torch work").
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -93,8 +94,12 @@ class AsyncEngine:
         return self.core.info
 
     def stats(self) -> EngineStats:
-        """The snapshot taken after the latest step (or abort) of the loop."""
-        return self._stats
+        """The snapshot taken after the latest step (or abort) of the loop, with the LoRA
+        adapters held as of now (loads and unloads happen off the loop)."""
+        loras = self.core.loras if self.core is not None else None
+        if loras is None:
+            return self._stats
+        return dataclasses.replace(self._stats, lora_adapters=loras.names())
 
     @property
     def num_streams(self) -> int:

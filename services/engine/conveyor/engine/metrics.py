@@ -51,6 +51,8 @@ class EngineMetrics:
         self._labels = (model_name, engine_id)
         self._engine_id = engine_id
         self._last = EngineStats()
+        self.lora_requests_info: Gauge | None = None
+        """Set up by track_lora_requests (an engine serving LoRA adapters)."""
         self._build_gauges()
         self._build_counters()
         self._build_latency_histograms()
@@ -62,7 +64,19 @@ class EngineMetrics:
         vllm:cache_config_info."""
         metrics = cls(info.model, info.engine_id, info.max_model_len)
         metrics.record_cache_config(info.block_size, info.num_blocks, info.dtype)
+        if info.max_loras:
+            metrics.track_lora_requests(info.max_loras)
         return metrics
+
+    def track_lora_requests(self, max_loras: int) -> None:
+        """vllm:lora_requests_info from now on: one series whose labels name the adapters of
+        the running and waiting requests (comma-separated) and max_lora, set to the time of
+        the snapshot; the previous series is dropped at each change."""
+        self._max_loras = max_loras
+        self.lora_requests_info = Gauge(
+            "vllm:lora_requests_info", "Running stats on lora requests.",
+            ("max_lora", "waiting_lora_adapters", "running_lora_adapters", "engine"),
+            registry=self.registry)
 
     def _gauge(self, name: str, doc: str) -> Gauge:
         return Gauge(name, doc, LABELS, registry=self.registry).labels(*self._labels)
@@ -167,11 +181,19 @@ class EngineMetrics:
         self.num_requests_running.set(stats.num_running)
         self.num_requests_waiting.set(stats.num_waiting)
         self.kv_cache_usage_perc.set(stats.kv_usage)
+        if self.lora_requests_info is not None:
+            self._record_lora_requests(stats)
         last, self._last = self._last, stats
         _advance(self.prefix_cache_queries, stats.prefix_cache_queries, last.prefix_cache_queries)
         _advance(self.prefix_cache_hits, stats.prefix_cache_hits, last.prefix_cache_hits)
         _advance(self.num_preemptions, stats.num_preemptions, last.num_preemptions)
         _advance(self.num_requests_shed, stats.num_requests_shed, last.num_requests_shed)
+
+    def _record_lora_requests(self, stats: EngineStats) -> None:
+        self.lora_requests_info.clear()
+        self.lora_requests_info.labels(
+            str(self._max_loras), ",".join(stats.waiting_lora_adapters),
+            ",".join(stats.running_lora_adapters), self._engine_id).set_to_current_time()
 
     def record_iteration(self, iteration: IterationStats) -> None:
         self.prompt_tokens.inc(iteration.num_prompt_tokens)

@@ -6,13 +6,17 @@ it has been compiled, before any token), INTERNAL when the model failed it,
 ALREADY_EXISTS for a request id in flight, RESOURCE_EXHAUSTED (reason queue_full)
 when the waiting queue is full, UNAVAILABLE while shutting down. A cancelled stream
 aborts the request. A request with n > 1 streams its samples' chunks interleaved,
-each naming its sample (index).
+each naming its sample (index). A request naming a LoRA adapter the engine does not
+hold waits while a worker thread reads it (LoadLoraAdapter does the same on its own);
+an adapter that cannot be read is INVALID_ARGUMENT, as is any adapter on an engine
+with LoRA off.
 Each finished sample leaves queue / prefill / decode spans under the call's span
 (request_tracing).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 
@@ -24,6 +28,7 @@ from conveyor.engine.async_engine import AsyncEngine, EngineStoppedError, Reques
 from conveyor.engine.core.errors import DuplicateRequestId, WaitingQueueFull
 from conveyor.engine.core.request import FinishReason
 from conveyor.engine.engine_request import EngineRequest
+from conveyor.engine.lora.adapter import InvalidAdapter, LoraAdapter
 from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.request_tracing import RequestSpans
 from conveyor.engine.request_validation import InvalidRequestError, validate_request
@@ -44,6 +49,14 @@ _FINISH_REASONS = {
 }
 
 
+_LORA_OFF = "this engine serves no LoRA adapters (CONVEYOR_ENGINE_ENABLE_LORA is off)"
+
+
+def _adapter_info(adapter: LoraAdapter) -> engine_pb2.LoraAdapterInfo:
+    return engine_pb2.LoraAdapterInfo(name=adapter.name, rank=adapter.rank,
+                                      target_modules=adapter.target_modules)
+
+
 class EngineServicer(engine_pb2_grpc.EngineServicer):
     def __init__(self, engine: AsyncEngine):
         self.engine = engine
@@ -51,7 +64,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Generate(self, request, context):
         try:
             engine_request = self.to_engine_request(request)
-        except (InvalidRequestError, InvalidSamplingParams) as exc:
+            if request.HasField("lora"):
+                engine_request.lora = await self._adapter(request.lora)
+        except (InvalidRequestError, InvalidSamplingParams, InvalidAdapter) as exc:
             reason = getattr(exc, "reason", INVALID_REQUEST)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc),
                                 trailing_metadata=((ERROR_REASON_KEY, reason),))
@@ -73,12 +88,40 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         except EngineStoppedError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
+    async def LoadLoraAdapter(self, request, context):
+        if self.engine.core.loras is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, _LORA_OFF)
+        try:
+            adapter = await self._adapter(request)
+        except InvalidAdapter as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return _adapter_info(adapter)
+
+    async def UnloadLoraAdapter(self, request, context):
+        loras = self.engine.core.loras
+        adapter = loras.unload(request.name) if loras is not None else None
+        if adapter is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"this engine holds no adapter {request.name!r}")
+        return _adapter_info(adapter)
+
+    async def _adapter(self, proto: engine_pb2.LoraAdapter) -> LoraAdapter:
+        """The adapter named, read on a worker thread unless held (InvalidAdapter)."""
+        loras = self.engine.core.loras
+        if loras is None:
+            raise InvalidAdapter(_LORA_OFF)
+        held = loras.find(proto.name, proto.path)
+        if held is not None:
+            return held
+        return await asyncio.to_thread(loras.load, proto.name, proto.path)
+
     async def Info(self, request, context):
         info = self.engine.info
         return engine_pb2.EngineInfo(
             model=info.model, max_model_len=info.max_model_len, block_size=info.block_size,
             num_blocks=info.num_blocks, kv_capacity_tokens=info.kv_capacity_tokens,
             attention_backend=info.attention_backend, dtype=info.dtype, engine_id=info.engine_id,
+            max_loras=info.max_loras, max_lora_rank=info.max_lora_rank,
         )
 
     async def Stats(self, request, context):
@@ -92,6 +135,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             max_num_waiting_seqs=stats.max_num_waiting_seqs,
             max_num_waiting_tokens=stats.max_num_waiting_tokens,
             num_requests_shed=stats.num_requests_shed,
+            lora_adapters=stats.lora_adapters,
         )
 
     def to_engine_request(self, request: engine_pb2.GenerateRequest) -> EngineRequest:
