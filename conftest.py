@@ -75,29 +75,21 @@ async def prefix(redis):
 @pytest.fixture(scope="session")
 def make_lora_adapter(tmp_path_factory):
     """`make(rank, seed, targets=all seven projections) -> folder`: a PEFT LoRA adapter of
-    the bundled model (adapter_config.json + adapter_model.safetensors) with seeded random,
-    non-zero A and B (PEFT's init_lora_weights=False: the adapted model writes other text),
-    made with peft itself; and `reference(folder)`, transformers' fp32 model with it merged."""
+    the bundled model with seeded random, non-zero A and B, made with peft itself
+    (bench/lora.py); `reference(folder)`: transformers' fp32 model with it merged."""
     import torch
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel
     from transformers import LlamaForCausalLM
 
+    from bench.lora import MODEL, PROJECTIONS, make_adapter
     from conveyor.engine.model.loader import resolve_checkpoint
 
-    base_folder = resolve_checkpoint("smollm2-135m-instruct")
-    every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-    def make(rank: int, seed: int, targets: tuple[str, ...] = every) -> str:
-        folder = tmp_path_factory.mktemp(f"lora-r{rank}-s{seed}")
-        base = LlamaForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
-        torch.manual_seed(seed)
-        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets),
-                            init_lora_weights=False)
-        get_peft_model(base, config).save_pretrained(folder)
-        return str(folder)
+    def make(rank: int, seed: int, targets: tuple[str, ...] = PROJECTIONS) -> str:
+        return make_adapter(str(tmp_path_factory.mktemp(f"lora-r{rank}-s{seed}")), rank, seed,
+                            targets)
 
     def reference(folder: str):
-        base = LlamaForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
+        base = LlamaForCausalLM.from_pretrained(resolve_checkpoint(MODEL), dtype=torch.float32)
         return PeftModel.from_pretrained(base, folder).merge_and_unload().eval()
 
     return SimpleNamespace(make=make, reference=reference)

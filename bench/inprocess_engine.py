@@ -27,7 +27,7 @@ def make_llm(**settings):
 
 
 def _engine_request(request_id: str, request: BenchRequest, tokenizer, ignore_eos: bool,
-                    structured_outputs=None):
+                    structured_outputs=None, lora=None):
     from conveyor.engine.engine_request import EngineRequest
     from conveyor.engine.sampling_params import SamplingParams
 
@@ -35,17 +35,19 @@ def _engine_request(request_id: str, request: BenchRequest, tokenizer, ignore_eo
         request.prompt, add_special_tokens=False)["input_ids"]
     params = SamplingParams(temperature=0.0, max_tokens=request.max_tokens,
                             ignore_eos=ignore_eos, structured_outputs=structured_outputs)
-    return EngineRequest(request_id, list(ids), params)
+    return EngineRequest(request_id, list(ids), params, lora=lora)
 
 
 def run_inprocess(llm, requests: list[BenchRequest], concurrency: int,
                   ignore_eos: bool = True, slo: Slo | None = None,
-                  duration_s: float | None = None, structured_outputs=None
-                  ) -> tuple[BenchmarkMetrics, list[RequestResult]]:
+                  duration_s: float | None = None, structured_outputs=None,
+                  loras: list | None = None) -> tuple[BenchmarkMetrics, list[RequestResult]]:
     """Closed loop over `llm.core` with `concurrency` requests in flight; every request
-    constrained by `structured_outputs` (a StructuredOutputsParams) when given."""
+    constrained by `structured_outputs` (a StructuredOutputsParams) when given; request i
+    runs with LoRA adapter `loras[i % len(loras)]` (None: the base model) when given."""
     core, tokenizer = llm.core, llm.get_tokenizer()
     queue, ids = deque(requests), itertools.count()
+    adapters = itertools.cycle(loras or [None])
     live: dict[str, tuple[RequestResult, float]] = {}  # id -> (result, last token time)
     done: list[RequestResult] = []
     start = time.perf_counter()
@@ -59,7 +61,7 @@ def run_inprocess(llm, requests: list[BenchRequest], concurrency: int,
             # The request's clock starts before tokenization, as a server's would.
             result = RequestResult(prompt_len=request.prompt_len, start_time=now)
             core.add_request(_engine_request(request_id, request, tokenizer, ignore_eos,
-                                             structured_outputs))
+                                             structured_outputs, next(adapters)))
             live[request_id] = (result, now)
 
     admit()

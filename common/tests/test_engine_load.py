@@ -30,3 +30,14 @@ def test_an_entry_round_trips_and_unknown_load_fields_are_ignored():
     del data["load"]["max_num_waiting_tokens"]  # from an older engine
     read = EngineEntry.from_json(json.dumps(data))
     assert read.load.max_num_waiting_tokens == 0 and read.load.num_waiting_tokens == 40
+
+
+def test_held_adapters_round_trip_as_a_tuple_and_older_entries_read_without_them():
+    entry = EngineEntry("e", "e:50052", "m", EngineLoad(lora_adapters=("sql", "chat")),
+                        max_loras=4)
+    read = EngineEntry.from_json(entry.to_json())
+    assert read == entry and read.load.lora_adapters == ("sql", "chat") and read.serves_adapters
+    data = json.loads(entry.to_json())
+    del data["max_loras"], data["load"]["lora_adapters"]  # from an engine before LoRA
+    older = EngineEntry.from_json(json.dumps(data))
+    assert older.max_loras == 0 and older.load.lora_adapters == () and not older.serves_adapters

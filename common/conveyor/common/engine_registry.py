@@ -8,7 +8,7 @@ after its last heartbeat.
 
 Redis layout (all under one `prefix`, default "conveyor"):
 
-    {prefix}:engines:entries    HASH  engine_id -> JSON {address, model, load}
+    {prefix}:engines:entries    HASH  engine_id -> JSON {address, model, load, max_loras}
     {prefix}:engines:deadlines  ZSET  engine_id -> Redis-clock ms when it expires
 
 The Redis client must be created with `decode_responses=True`.
@@ -53,6 +53,9 @@ class EngineLoad:
     """The engine's waiting-queue bounds (0: no limit): past them it sheds with
     RESOURCE_EXHAUSTED, reason queue_full."""
     max_num_waiting_tokens: int = 0
+    lora_adapters: tuple[str, ...] = ()
+    """Names of the LoRA adapters the engine holds in memory (a request naming one
+    starts without loading it)."""
 
     @property
     def num_requests(self) -> int:
@@ -66,8 +69,12 @@ class EngineLoad:
 
     @classmethod
     def from_dict(cls, data: dict) -> EngineLoad:
-        """Known fields only, so an entry written by a newer engine still reads."""
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        """Known fields only, so an entry written by a newer engine still reads (and one
+        of an older engine, without the newer fields, too); JSON lists become tuples."""
+        known = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        if "lora_adapters" in known:
+            known["lora_adapters"] = tuple(known["lora_adapters"])
+        return cls(**known)
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,6 +86,13 @@ class EngineEntry:
     """host:port of its gRPC server."""
     model: str
     load: EngineLoad = field(default_factory=EngineLoad)
+    max_loras: int = 0
+    """Most distinct LoRA adapters it runs in one step; 0: it serves no adapters (as
+    every engine that predates them)."""
+
+    @property
+    def serves_adapters(self) -> bool:
+        return self.max_loras > 0
 
     @property
     def entry_id(self) -> str:
@@ -91,7 +105,7 @@ class EngineEntry:
     def from_json(cls, text: str) -> EngineEntry:
         data = json.loads(text)
         return cls(data["engine_id"], data["address"], data["model"],
-                   EngineLoad.from_dict(data["load"]))
+                   EngineLoad.from_dict(data["load"]), data.get("max_loras", 0))
 
 
 class EngineRegistry(ServiceRegistry[EngineEntry]):
@@ -106,9 +120,10 @@ class EngineHeartbeat(Heartbeat[EngineEntry]):
     """Publishes one engine's entry (with the load `read_load` reads) every `interval_s`."""
 
     def __init__(self, registry: EngineRegistry, *, engine_id: str, address: str, model: str,
-                 read_load: Callable[[], EngineLoad], interval_s: float = DEFAULT_INTERVAL_S):
-        super().__init__(registry, lambda: EngineEntry(engine_id, address, model, read_load()),
-                         interval_s)
+                 read_load: Callable[[], EngineLoad], interval_s: float = DEFAULT_INTERVAL_S,
+                 max_loras: int = 0):
+        super().__init__(registry, lambda: EngineEntry(engine_id, address, model, read_load(),
+                                                       max_loras), interval_s)
         self._engine_id = engine_id
 
     @property

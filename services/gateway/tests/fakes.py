@@ -74,7 +74,11 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
 class FakeEngine(engine_pb2_grpc.EngineServicer):
     """Streams SCRIPT one character per chunk, `delay_s` apart, each token reported as
     coming with 2 verified drafts, 1 accepted. `fail_after` tokens (None: never) it aborts
-    with `fail_code`. Tracks running and cancelled requests."""
+    with `fail_code`. Tracks running and cancelled requests.
+
+    LoRA: serves `max_loras` adapters (0: none, FAILED_PRECONDITION on a load); holds
+    `lora_adapters` (a Generate naming another adds it, as the engine reads it from its
+    path), refuses paths in `unreadable_lora_paths` with INVALID_ARGUMENT."""
 
     delay_s: float = 0.0
     fail_after: int | None = None
@@ -84,9 +88,16 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     running: set[str] = field(default_factory=set)
     cancelled: list[str] = field(default_factory=list)
     requests: list = field(default_factory=list)
+    max_loras: int = 4
+    lora_adapters: list[str] = field(default_factory=list)
+    unreadable_lora_paths: set[str] = field(default_factory=set)
+    lora_calls: list[tuple[str, str]] = field(default_factory=list)
+    """("load" or "unload", adapter name) per LoRA call, in order."""
 
     async def Generate(self, request, context):
         self.requests.append(request)
+        if request.HasField("lora") and request.lora.name not in self.lora_adapters:
+            self.lora_adapters.append(request.lora.name)
         self.running.add(request.request_id)
         finished = False
         try:
@@ -126,10 +137,30 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
 
     async def Stats(self, request, context):
         return engine_pb2.EngineStats(num_running=len(self.running), num_blocks=10,
-                                      num_free_blocks=10)
+                                      num_free_blocks=10, lora_adapters=self.lora_adapters)
 
     async def Info(self, request, context):
-        return engine_pb2.EngineInfo(model=MODEL, max_model_len=MAX_MODEL_LEN)
+        return engine_pb2.EngineInfo(model=MODEL, max_model_len=MAX_MODEL_LEN,
+                                     max_loras=self.max_loras, max_lora_rank=16)
+
+    async def LoadLoraAdapter(self, request, context):
+        self.lora_calls.append(("load", request.name))
+        if not self.max_loras:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "LoRA is off")
+        if request.path in self.unreadable_lora_paths:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"no adapter_config.json in {request.path}")
+        if request.name not in self.lora_adapters:
+            self.lora_adapters.append(request.name)
+        return engine_pb2.LoraAdapterInfo(name=request.name, rank=8,
+                                          target_modules=["q_proj", "v_proj"])
+
+    async def UnloadLoraAdapter(self, request, context):
+        self.lora_calls.append(("unload", request.name))
+        if request.name not in self.lora_adapters:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no adapter {request.name}")
+        self.lora_adapters.remove(request.name)
+        return engine_pb2.LoraAdapterInfo(name=request.name)
 
 
 def _logprobs(token: int, sampling) -> engine_pb2.PositionLogprobs:

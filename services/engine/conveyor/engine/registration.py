@@ -1,7 +1,8 @@
 """The engine's entry in the Redis engine registry, so gateways find and route to it.
 
 Registered once the gRPC server is bound, refreshed by a heartbeat carrying the
-load of the loop's latest stats snapshot, removed on SIGTERM before the drain
+load of the loop's latest stats snapshot (the LoRA adapters held among it) and the
+engine's max_loras, removed on SIGTERM before the drain
 (`conveyor.common.registration.Registration`, shared with the tokenizer and
 detok). Redis is optional: when it cannot be reached at start, the engine logs a
 warning, serves anyway (gateways with a static engine list still reach it) and
@@ -33,7 +34,8 @@ def build_registration(settings: EngineSettings, engine: AsyncEngine,
     heartbeat = EngineHeartbeat(
         registry, engine_id=engine.info.engine_id,
         address=settings.resolved_advertise_address(bound_port), model=engine.info.model,
-        read_load=lambda: load_of(engine), interval_s=settings.heartbeat_interval_s)
+        read_load=lambda: load_of(engine), interval_s=settings.heartbeat_interval_s,
+        max_loras=engine.info.max_loras)
     return Registration(redis, heartbeat, settings.heartbeat_interval_s)
 
 
@@ -44,4 +46,5 @@ def load_of(engine: AsyncEngine) -> EngineLoad:
                       num_free_blocks=stats.num_free_blocks, num_blocks=stats.num_blocks,
                       num_waiting_tokens=stats.num_waiting_tokens,
                       max_num_waiting_seqs=stats.max_num_waiting_seqs,
-                      max_num_waiting_tokens=stats.max_num_waiting_tokens)
+                      max_num_waiting_tokens=stats.max_num_waiting_tokens,
+                      lora_adapters=tuple(stats.lora_adapters))

@@ -21,8 +21,8 @@ def _settings(**values) -> EngineSettings:
     return EngineSettings(**{"heartbeat_interval_s": 0.1, "registry_ttl_s": 1.0, **values})
 
 
-def _engine(stats: EngineStats):
-    info = SimpleNamespace(engine_id="engine-under-test", model="tiny")
+def _engine(stats: EngineStats, max_loras: int = 0):
+    info = SimpleNamespace(engine_id="engine-under-test", model="tiny", max_loras=max_loras)
     return SimpleNamespace(info=info, stats=lambda: stats)
 
 
@@ -59,6 +59,15 @@ async def test_registers_with_the_loop_load_and_leaves_on_stop(redis, prefix):
     assert not live.load.is_waiting_full
     await entry.stop()
     assert await registry.list_live() == []
+
+
+async def test_the_entry_carries_max_loras_and_the_adapters_held(redis, prefix):
+    settings = _settings(redis_url="redis://127.0.0.1:6379/0", redis_prefix=prefix)
+    entry = build_registration(settings, _engine(EngineStats(lora_adapters=("sql",)), 4), 7003)
+    await entry.start()
+    [live] = await EngineRegistry(redis, prefix=prefix).list_live("tiny")
+    await entry.stop()
+    assert live.max_loras == 4 and live.load.lora_adapters == ("sql",)
 
 
 async def test_unreachable_redis_warns_and_the_engine_serves_on(caplog):

@@ -15,6 +15,7 @@ from conveyor.gateway.api_models import BodySizeLimitMiddleware
 from conveyor.gateway.batches.api import router as batches_router
 from conveyor.gateway.batches.batch_metrics import attach_batch_metrics
 from conveyor.gateway.errors import APIError, error_response, internal_error
+from conveyor.gateway.lora.api import router as lora_router
 from conveyor.gateway.observability import RequestSpanMiddleware
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.probes import router as probes_router
@@ -43,6 +44,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(probes_router)
     app.include_router(batches_router)
     app.include_router(responses_router)
+    app.include_router(lora_router)
     app.add_middleware(RequestSpanMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        exempt_paths=("/v1/files",))  # uploads: their own limit

@@ -1,9 +1,11 @@
 """OpenAI error bodies and the one mapping from failures to them.
 
 Every error is `{"error": {"message", "type", "param", "code"}}`. 400 is the
-caller's mistake, 401 a missing or wrong API key, 404 an unknown model (or
-request timeline), 429 over a tenant's quota (with Retry-After), 503 (with Retry-After) no capacity
-right now, 504 a request past its deadline, and 500 a real fault.
+caller's mistake (or a LoRA adapter no engine serves adapters for), 401 a missing or
+wrong API key, 403 a key not allowed to do this (an admin endpoint), 404 an unknown
+model (or request timeline), 429 over a tenant's quota (with Retry-After), 503 (with
+Retry-After) no capacity right now, 504 a request past its deadline, and 500 a real
+fault.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from redis.exceptions import RedisError
 from starlette.responses import JSONResponse
 
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, QUEUE_FULL
-from conveyor.gateway.routing.router import NoEngineAvailable
+from conveyor.gateway.routing.router import AdaptersNotServed, NoEngineAvailable
 from conveyor.gateway.tenancy.errors import TenancyError
 from conveyor.gateway.wire import UpstreamError
 
@@ -95,6 +97,8 @@ def to_api_error(error: BaseException, prompt_param: str | None, retry_after_s: 
         log.error("Redis failed while serving a request: %s", error)
         return unavailable("the gateway cannot reach its Redis (keys, quotas, routing)",
                            retry_after_s, "redis_unavailable")
+    if isinstance(error, AdaptersNotServed):
+        return APIError(400, str(error), "invalid_request_error", "model", "lora_not_served")
     if isinstance(error, NoEngineAvailable):
         return unavailable(f"no engine can take the request now ({error})", retry_after_s,
                            "no_engine_available")

@@ -83,6 +83,7 @@ from conveyor.gateway.response_formats import (
     UsageTotals,
 )
 from conveyor.gateway.routing.router import (
+    AdaptersNotServed,
     EngineClient,
     EngineStream,
     NoEngineAvailable,
@@ -244,7 +245,8 @@ class GenerationRequest:
             raise unavailable("the gateway is shutting down", pipeline.settings.retry_after_s)
         self.tenant = await self._step(pipeline.admitter.authenticate(self._headers))
         self._stack.push_async_callback(self._write_the_end)
-        self.model = await self._step(pipeline.catalog.resolve(body.model))
+        self.model = await self._step(pipeline.catalog.resolve(body.model,
+                                                               self.tenant.tenant_id))
         check_limits(body, self.model, pipeline.settings.max_n)
         self._plan = output_plan(body, ToolCallFormat(pipeline.settings.tool_call_parser))
         tier = self.tenant.tier
@@ -295,12 +297,14 @@ class GenerationRequest:
     async def _pick(self, tried: list[str]) -> EngineEntry:
         engine = await self._step(self.pipeline.router.pick(
             self.session_key, self.prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
-            model=self.model.backend_name, exclude=tried, pending=self._bindings))
+            model=self.model.backend_name, lora=self.model.lora_name, exclude=tried,
+            pending=self._bindings))
         self.response_headers[ENGINE_HEADER] = engine.engine_id
         return engine
 
     async def _has_other_engine(self, tried: list[str]) -> bool:
-        live = await self._step(self.pipeline.directory.list_live(self.model.backend_name))
+        live = await self._step(self.pipeline.router.live_engines(self.model.backend_name,
+                                                                  self.model.lora_name))
         return any(e.engine_id not in tried for e in live)
 
     async def _open_choices(self, engine: EngineEntry) -> tuple[int, GenerationDelta]:
@@ -315,7 +319,7 @@ class GenerationRequest:
             job_id = f"{self.request_id}-{'p' if body.n > 1 else ''}{prompt_index}"
             job = GenerateJob(job_id, prompt.token_ids, sampling_options(body, max_tokens),
                               self._priority, self.tenant.cache_salt, n=body.n,
-                              constraint=self._plan.constraint)
+                              constraint=self._plan.constraint, lora=self.model.lora)
             streams, first_move = self._sample_streams(client, job)
             for sample, stream in enumerate(streams):
                 choice_id = f"{self.request_id}-{prompt_index * body.n + sample}"
@@ -357,9 +361,9 @@ class GenerationRequest:
         try:
             engine = await self.pipeline.router.pick(
                 self.session_key, self.prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
-                model=self.model.backend_name, exclude=[failed_engine_id],
-                pending=self._bindings)
-        except (NoEngineAvailable, RedisError) as error:
+                model=self.model.backend_name, lora=self.model.lora_name,
+                exclude=[failed_engine_id], pending=self._bindings)
+        except (NoEngineAvailable, AdaptersNotServed, RedisError) as error:
             log.warning("engine %s failed mid-stream and no other can take over: %s",
                         failed_engine_id, error)
             return None

@@ -12,6 +12,7 @@ from redis.backoff import NoBackoff
 
 from conveyor.common.engine_registry import EngineRegistry
 from conveyor.common.grpc_client import Keepalive
+from conveyor.gateway.lora.catalog import LoraCatalog
 from conveyor.gateway.observability import GatewayMetrics
 from conveyor.gateway.replica_sets import replica_set
 from conveyor.gateway.responses.store import ResponseStore
@@ -68,6 +69,8 @@ class Pipeline:
         engines = EngineClients(settings.rpc_timeout_s, Keepalive(
             settings.keepalive_time_s, settings.keepalive_timeout_s))
         directory = _directory(settings, redis, engines)
+        adapters = LoraCatalog(redis, settings.lora_module_table, prefix=settings.redis_prefix,
+                               max_age_s=settings.lora_catalog_max_age_s)
         if not settings.auth_enabled:
             log.warning("API keys are OFF (CONVEYOR_GATEWAY_AUTH_ENABLED=false): every request "
                         "is the anonymous tenant of tier %r; for local use only",
@@ -85,7 +88,7 @@ class Pipeline:
             timelines=TimelineStore(redis, prefix=settings.redis_prefix,
                                     ttl_s=settings.timeline_ttl_s),
             redis=redis,
-            catalog=ModelCatalog(tokenizer, settings.served_model_name),
+            catalog=ModelCatalog(tokenizer, settings.served_model_name, adapters),
             token_texts=TokenTexts(tokenizer),
             metrics=metrics,
             responses=ResponseStore(redis, prefix=settings.redis_prefix,

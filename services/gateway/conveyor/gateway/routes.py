@@ -267,8 +267,10 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
+    """The served model, then the LoRA adapters the caller may use."""
     async def work(pipeline: Pipeline) -> dict:
-        return {"object": "list", "data": [_model_card(await pipeline.catalog.model())]}
+        models = await pipeline.catalog.models(await viewer_of(pipeline, request))
+        return {"object": "list", "data": [model_card(m) for m in models]}
 
     return await serve_simple(request, "models", work)
 
@@ -277,22 +279,34 @@ async def list_models(request: Request) -> Response:
 async def retrieve_model(model_id: str, request: Request) -> Response:
     """The model's card (as in the list), or 404 model_not_found."""
     async def work(pipeline: Pipeline) -> dict:
-        return _model_card(await pipeline.catalog.resolve(model_id))
+        return model_card(await pipeline.catalog.resolve(model_id,
+                                                         await viewer_of(pipeline, request)))
 
     return await serve_simple(request, "models", work)
 
 
-def _model_card(model: ServedModel) -> dict:
-    """vLLM's model card: OpenAI's fields, root, parent and max_model_len."""
+async def viewer_of(pipeline: Pipeline, request: Request) -> str | None:
+    """The tenant whose models a caller of the model endpoints sees: its key's (401 for a
+    wrong one), the anonymous tenant when keys are off, and None (public models only)
+    for a caller without a key, as these endpoints answered before models had owners."""
+    if pipeline.admitter.auth_enabled and "authorization" not in request.headers:
+        return None
+    return (await pipeline.admitter.authenticate(request.headers)).tenant_id
+
+
+def model_card(model: ServedModel) -> dict:
+    """vLLM's model card: OpenAI's fields, root (an adapter's folder), parent (an
+    adapter's base model) and max_model_len."""
+    root = model.name if model.lora is None else model.lora.path
     return {"id": model.name, "object": "model", "created": int(time.time()),
-            "owned_by": "conveyor", "root": model.name, "parent": None,
+            "owned_by": "conveyor", "root": root, "parent": model.parent,
             "max_model_len": model.max_model_len}
 
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     async def work(pipeline: Pipeline) -> dict:
-        model = await pipeline.catalog.resolve(body.model)
+        model = await pipeline.catalog.resolve(body.model, await viewer_of(pipeline, request))
         if body.messages is not None:
             prompt = await pipeline.tokenizer.render(RenderInput(
                 chat_turns(body.messages), add_generation_prompt=body.add_generation_prompt))
@@ -308,7 +322,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
     async def work(pipeline: Pipeline) -> dict:
-        await pipeline.catalog.resolve(body.model)
+        await pipeline.catalog.resolve(body.model, await viewer_of(pipeline, request))
         return {"prompt": await pipeline.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     return await serve_simple(request, "detokenize", work, prompt_param="tokens")

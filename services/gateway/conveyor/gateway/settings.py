@@ -1,8 +1,9 @@
 """The gateway's settings: every field is an environment variable CONVEYOR_GATEWAY_<NAME>.
 
 One class holds them all: the gateway's own fields here, tenancy's (Redis, API
-keys, tiers, quotas, timelines) and routing's (session affinity, prefix hints,
-overload bounds) by inheritance, all under the same prefix.
+keys, tiers, quotas, timelines), routing's (session affinity, prefix hints,
+overload bounds), the batch API's and LoRA adapters' by inheritance, all under the
+same prefix.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from pydantic_settings import SettingsConfigDict
 
 from conveyor.common.settings import ServiceSettings
 from conveyor.gateway.batches.settings import BatchApiSettings
+from conveyor.gateway.lora.settings import LoraSettings
 from conveyor.gateway.routing.settings import RoutingSettings
 from conveyor.gateway.tenancy.settings import TenancySettings
 
 
-class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings, BatchApiSettings):
+class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings, BatchApiSettings,
+                      LoraSettings):
     """Settings of the gateway process."""
 
     model_config = SettingsConfigDict(env_prefix="CONVEYOR_GATEWAY_", extra="ignore")

@@ -2,7 +2,9 @@
 
 The tokenizer: unary calls (render, tokenize, decode, info); a call a replica fails to
 answer is retried on another (ReplicaSet.call). `ModelCatalog` asks it once (Info) what
-model is served; the served-name setting wins.
+model is served; the served-name setting wins. A LoRA adapter of the adapter catalog
+(lora/catalog.py) is a model too, for the tenants it is visible to: the base model run
+with that adapter, under the adapter's name (as vLLM serves them).
 
 Detok: one bidirectional stream per generation. A stream whose replica fails is rebuilt
 on another replica: it re-sends its options and every token id so far (and the finish,
@@ -16,16 +18,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
+from redis.exceptions import RedisError
 
 from conveyor.common.replica_set import Replica, ReplicaSet, is_replica_failure
 from conveyor.gateway import wire
 from conveyor.gateway.errors import model_not_found
+from conveyor.gateway.lora.catalog import AdapterRecord, LoraCatalog
 from conveyor.gateway.wire import (
     DetokOptions,
     DetokReply,
+    LoraAdapter,
     PromptInput,
     PromptTokens,
     RenderInput,
@@ -90,6 +95,9 @@ class TokenizerClient:
 
 # -- model catalog -----------------------------------------------------------------------
 
+models_log = logging.getLogger("conveyor.gateway.models")
+
+
 @dataclass(frozen=True, slots=True)
 class ServedModel:
     """What requests are checked against."""
@@ -100,14 +108,29 @@ class ServedModel:
     backend_name: str = ""
     """The name the tokenizer and the engines serve it under (routing filters engines by
     it); `name` differs when the gateway's served_model_name renames it for clients."""
+    lora: LoraAdapter | None = None
+    """The LoRA adapter its requests run with (None: the base model itself)."""
+    parent: str | None = None
+    """An adapter's base model, by its name for clients."""
+
+    @property
+    def lora_name(self) -> str | None:
+        return None if self.lora is None else self.lora.name
+
+    def with_adapter(self, record: AdapterRecord) -> ServedModel:
+        """This base model run with the adapter of `record`, under the adapter's name."""
+        return replace(self, name=record.name, lora=record.adapter, parent=self.name)
 
 
 class ModelCatalog:
-    """Asks the tokenizer once (Info) what it serves; the served-name setting wins."""
+    """Asks the tokenizer once (Info) what it serves; the served-name setting wins. The
+    adapters of `adapters` are served on it."""
 
-    def __init__(self, tokenizer: TokenizerClient, served_model_name: str | None):
+    def __init__(self, tokenizer: TokenizerClient, served_model_name: str | None,
+                 adapters: LoraCatalog):
         self._tokenizer = tokenizer
         self._served_model_name = served_model_name
+        self.adapters = adapters
         self._model: ServedModel | None = None
         self._lock = asyncio.Lock()
 
@@ -122,12 +145,30 @@ class ModelCatalog:
                                               facts.model)
         return self._model
 
-    async def resolve(self, requested: str | None) -> ServedModel:
-        """The served model if `requested` names it (or is absent); 404 otherwise."""
+    async def resolve(self, requested: str | None, tenant_id: str | None) -> ServedModel:
+        """The served model if `requested` names it (or is absent), the adapter it names if
+        `tenant_id` may see that one (None: a caller without a key, who sees the public
+        adapters); 404 model_not_found otherwise."""
         model = await self.model()
-        if requested is not None and requested != model.name:
+        if requested is None or requested == model.name:
+            return model
+        record = await self.adapters.get(requested)
+        if record is None or not record.is_visible_to(tenant_id):
             raise model_not_found(requested)
-        return model
+        return model.with_adapter(record)
+
+    async def models(self, tenant_id: str | None) -> list[ServedModel]:
+        """The served model, then the adapters `tenant_id` may see (as in `resolve`); the
+        served model alone while the adapters cannot be read (Redis unavailable)."""
+        model = await self.model()
+        try:
+            records = await self.adapters.list()
+        except RedisError as error:
+            models_log.warning("LoRA catalog unavailable, listing the base model alone: %s",
+                               error)
+            return [model]
+        return [model, *(model.with_adapter(r) for r in records
+                         if r.is_visible_to(tenant_id) and r.name != model.name)]
 
 
 # -- detok client ------------------------------------------------------------------------

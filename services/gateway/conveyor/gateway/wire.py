@@ -2,8 +2,8 @@
 place that converts it to and from protobuf.
 
 Records: a prompt to render or tokenize and the tokens that come back (tokenizer), a
-Generate job with its sampling options and the chunks, loads and facts an engine
-answers (engine), a detok stream's options and replies (detok). The conversions
+Generate job with its sampling options (and LoRA adapter) and the chunks, loads and
+facts an engine answers (engine), a detok stream's options and replies (detok). The conversions
 (`render_request`, `generate_request`, `engine_chunk`, `detok_reply`, ...) are the only
 code past this module that touches `*_pb2`; a failed call becomes an `UpstreamError`
 (`translate_rpc_errors`), never a gRPC exception.
@@ -123,6 +123,23 @@ class Constraint:
     value: str | tuple[str, ...] = ""
 
 
+@dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    """A LoRA adapter: the name requests use and its folder as the engines see it."""
+
+    name: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoraAdapterFacts:
+    """An adapter as an engine read it (LoadLoraAdapter's answer)."""
+
+    name: str
+    rank: int
+    target_modules: tuple[str, ...] = ()
+
+
 @dataclass(slots=True)
 class GenerateJob:
     """One Generate call: a prompt and how to continue it, `n` samples of it (the engine
@@ -137,6 +154,8 @@ class GenerateJob:
     """Output an earlier engine produced (a moved stream); the engine continues after it."""
     n: int = 1
     constraint: Constraint | None = None
+    lora: LoraAdapter | None = None
+    """The adapter to run with (None: the base model)."""
 
     def sample(self, index: int, request_id: str) -> GenerateJob:
         """Sample `index` of this job as a job of its own (n = 1), drawing as it does here
@@ -209,6 +228,8 @@ class EngineFacts:
     model: str
     max_model_len: int
     engine_id: str
+    max_loras: int = 0
+    """Most distinct LoRA adapters in one step (0: it serves none)."""
 
 
 # -- detok records -----------------------------------------------------------------------
@@ -343,7 +364,16 @@ def generate_request(job: GenerateJob) -> engine_pb2.GenerateRequest:
         resume_output_token_ids=job.resume_output_token_ids,
         n=job.n,
         structured_output=_structured_output(job.constraint),
+        lora=None if job.lora is None else lora_adapter(job.lora),
     )
+
+
+def lora_adapter(adapter: LoraAdapter) -> engine_pb2.LoraAdapter:
+    return engine_pb2.LoraAdapter(name=adapter.name, path=adapter.path)
+
+
+def lora_adapter_facts(message: engine_pb2.LoraAdapterInfo) -> LoraAdapterFacts:
+    return LoraAdapterFacts(message.name, message.rank, tuple(message.target_modules))
 
 
 def _structured_output(constraint: Constraint | None) -> engine_pb2.StructuredOutput | None:
@@ -404,7 +434,8 @@ def stats_request() -> engine_pb2.EngineStatsRequest:
 
 
 def engine_load(message: engine_pb2.EngineStats) -> EngineLoad:
-    """The load fields of Stats, all of them (the waiting bounds make `is_waiting_full`)."""
+    """The load fields of Stats, all of them (the waiting bounds make `is_waiting_full`;
+    the adapters held steer adapter requests)."""
     return EngineLoad(
         num_running=message.num_running,
         num_waiting=message.num_waiting,
@@ -414,6 +445,7 @@ def engine_load(message: engine_pb2.EngineStats) -> EngineLoad:
         num_waiting_tokens=message.num_waiting_tokens,
         max_num_waiting_seqs=message.max_num_waiting_seqs,
         max_num_waiting_tokens=message.max_num_waiting_tokens,
+        lora_adapters=tuple(message.lora_adapters),
     )
 
 
@@ -423,7 +455,8 @@ def engine_info_request() -> engine_pb2.EngineInfoRequest:
 
 def engine_facts(message: engine_pb2.EngineInfo) -> EngineFacts:
     return EngineFacts(
-        model=message.model, max_model_len=message.max_model_len, engine_id=message.engine_id
+        model=message.model, max_model_len=message.max_model_len, engine_id=message.engine_id,
+        max_loras=message.max_loras,
     )
 
 

@@ -113,6 +113,23 @@ async def test_cli_creates_lists_and_revokes(redis, prefix, monkeypatch, capsys)
     assert await asyncio.to_thread(main, ["create", "--tenant", "acme", "--tier", "gold"]) == 2
 
 
+async def test_cli_admin_flag_makes_an_admins_key_and_list_shows_it(redis, prefix, monkeypatch,
+                                                                    capsys):
+    monkeypatch.setenv("CONVEYOR_GATEWAY_REDIS_PREFIX", prefix)
+    store = ApiKeyStore(redis, DEFAULT_TIERS, prefix=prefix)
+    assert await asyncio.to_thread(main, ["create", "--tenant", "ops", "--tier", "premium",
+                                          "--admin"]) == 0
+    admin = capsys.readouterr().out.strip()
+    plain = (await store.create("acme", "premium")).key
+    assert (await store.authenticate(admin)).is_admin
+    assert not (await store.authenticate(plain)).is_admin
+    assert await asyncio.to_thread(main, ["list"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert [row.endswith("admin") for row in sorted(rows, key=lambda r: "ops" in r)] == \
+        [False, True]
+    assert [r.admin for r in await store.list()] == [True, False]
+
+
 async def test_a_key_found_valid_is_trusted_for_the_cache_ttl_without_reading_redis(
         redis, prefix, monkeypatch):
     gateway = ApiKeyStore(redis, DEFAULT_TIERS, prefix=prefix, cache_ttl_s=60)

@@ -10,9 +10,15 @@ Order of preference when picking:
    of the prompt's leading full blocks that some live engine served recently
    sends it there, unless that engine is overloaded or much busier than the
    least loaded one (a hint is only a preference).
-3. **Least loaded**, preferring engines that are not overloaded.
+3. **Adapter held.** A request naming a LoRA adapter goes to the least loaded engine
+   that holds it in memory (engines list theirs with their load), on the same terms as
+   a hint; else the engine picked by load reads the adapter from the request's path.
+4. **Least loaded**, preferring engines that are not overloaded.
 
-Only engines serving the requested model are candidates. Which engines are live:
+Only engines serving the requested model are candidates, and for an adapter request
+only those serving adapters (max_loras > 0): when engines serve the model but none
+serves adapters, the pick fails with `AdaptersNotServed` (a 400: retrying does not
+help until engines run with LoRA on). Which engines are live:
 those registered in Redis (`--scale engine=N`; their load comes with their
 heartbeat, at most one interval old) are the truth; while none has registered, the
 configured addresses stand in (`StaticEngines`: live while they answer Stats, under
@@ -30,7 +36,9 @@ at once, or left pending for its request to write with its settlement (`Router.p
 Prefix hints hash a prompt's leading full blocks chained like the engine's block
 hashes (block i's hash covers the cache salt and every token up to the end of block
 i), so equal hashes mean equal prefixes within one salt: tenants with different salts
-never share hints, as they never share cached blocks.
+never share hints, as they never share cached blocks. The adapter's name is part of the
+salt for the same reason (a prompt under another adapter, or the base model, is
+another prefix to the engine).
 
 One gRPC client per engine address (`EngineClients`) is opened the first time a
 request goes there and kept, as gRPC channels reconnect by themselves.
@@ -70,6 +78,8 @@ from conveyor.gateway.wire import (
     EngineChunk,
     EngineFacts,
     GenerateJob,
+    LoraAdapter,
+    LoraAdapterFacts,
     UpstreamError,
     translate_rpc_errors,
 )
@@ -124,6 +134,19 @@ class EngineClient:
             reply = await self._stub.Info(wire.engine_info_request(), timeout=self._timeout_s)
         return wire.engine_facts(reply)
 
+    async def load_lora_adapter(self, adapter: LoraAdapter) -> LoraAdapterFacts:
+        """Have the engine read `adapter` (UpstreamError INVALID_ARGUMENT if it cannot)."""
+        with translate_rpc_errors(SERVICE):
+            reply = await self._stub.LoadLoraAdapter(wire.lora_adapter(adapter),
+                                                     timeout=self._timeout_s)
+        return wire.lora_adapter_facts(reply)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Have the engine drop adapter `name` (UpstreamError NOT_FOUND if it holds none)."""
+        with translate_rpc_errors(SERVICE):
+            await self._stub.UnloadLoraAdapter(wire.lora_adapter(LoraAdapter(name, "")),
+                                               timeout=self._timeout_s)
+
 
 class EngineClients:
     """A lazy {address: EngineClient} cache; `close()` closes every channel opened."""
@@ -153,6 +176,16 @@ class EngineClients:
 
 class NoEngineAvailable(Exception):
     """No configured engine answered; the caller should retry later."""
+
+
+class AdaptersNotServed(Exception):
+    """A request names a LoRA adapter, and the live engines of its model serve none."""
+
+    def __init__(self, adapter: str):
+        super().__init__(f"The model `{adapter}` is a LoRA adapter, and no engine serving its "
+                         "base model serves adapters; run engines with "
+                         "CONVEYOR_ENGINE_ENABLE_LORA=true to use it.")
+        self.adapter = adapter
 
 
 class EnginePicker:
@@ -226,7 +259,8 @@ class StaticEngines:
                 answering.append((engine, load))
         facts = await asyncio.gather(*(self._facts_of(e) for e, _ in answering))
         entries = [
-            EngineEntry(fact.engine_id or engine.address, engine.address, fact.model, load)
+            EngineEntry(fact.engine_id or engine.address, engine.address, fact.model, load,
+                        fact.max_loras)
             for (engine, load), fact in zip(answering, facts, strict=True) if fact is not None
         ]
         return [e for e in entries if model is None or e.model == model]
@@ -408,14 +442,21 @@ class LoadPolicy:
     def is_much_busier(self, engine: EngineEntry, least: EngineEntry) -> bool:
         return engine.load.num_requests - least.load.num_requests > self.max_imbalance
 
+    def may_prefer(self, engine: EngineEntry, least: EngineEntry) -> bool:
+        """A soft preference (a hint, an adapter held) may send a request to `engine`:
+        it is neither overloaded nor much busier than `least`."""
+        return not self.is_overloaded(engine) and not self.is_much_busier(engine, least)
+
 
 def prefix_block_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int,
-                        cache_salt: str = "") -> list[str]:
+                        cache_salt: str = "", lora_name: str = "") -> list[str]:
     """Hex hashes of the first min(max_blocks, len // block_size) block prefixes,
-    shortest prefix first."""
+    shortest prefix first, under the salt and the LoRA adapter (none: the base model)."""
     num_blocks = min(max_blocks, len(token_ids) // block_size)
     hashes: list[str] = []
     parent = hashlib.blake2b(cache_salt.encode(), digest_size=16).digest()
+    if lora_name:
+        parent = hashlib.blake2b(parent + b"lora:" + lora_name.encode(), digest_size=16).digest()
     for i in range(num_blocks):
         block = array("q", token_ids[i * block_size:(i + 1) * block_size]).tobytes()
         parent = hashlib.blake2b(parent + block, digest_size=16).digest()
@@ -507,13 +548,27 @@ class Router:
             model=model, recent_window_s=DEFAULT_INTERVAL_S + settings.engine_list_max_age_s,
         )
 
+    async def live_engines(self, model: str | None = None,
+                           lora: str | None = None) -> list[EngineEntry]:
+        """The live engines serving `model` (else the router's own model, else any); for
+        a request naming LoRA adapter `lora`, those serving adapters, and
+        AdaptersNotServed when engines serve the model but none serves adapters."""
+        engines = await self._registry.list_live(model or self._model)
+        if lora is None:
+            return engines
+        serving = [e for e in engines if e.serves_adapters]
+        if engines and not serving:
+            raise AdaptersNotServed(lora)
+        return serving
+
     async def pick(self, session_key: str | None, prompt_token_ids: Sequence[int], *,
-                   cache_salt: str = "", model: str | None = None,
+                   cache_salt: str = "", model: str | None = None, lora: str | None = None,
                    exclude: Collection[str] = (),
                    pending: PendingBindings | None = None) -> EngineEntry:
         """The engine for this request; NoEngineAvailable when none serving `model` (else
         the router's own model, else any) is live. `cache_salt` is the tenant's
-        prefix-cache salt (hints never cross salts); engines in `exclude` (ids this
+        prefix-cache salt (hints never cross salts); `lora` the adapter the request
+        names (None: the base model; see `live_engines`); engines in `exclude` (ids this
         request already tried) are not candidates.
 
         Reading the session's binding and the prompt's hints is one Redis round trip.
@@ -525,30 +580,32 @@ class Router:
         request goes where the first write put it."""
         model = model or self._model
         engines = {e.engine_id: self._recent.counted_in(e)
-                   for e in await self._registry.list_live(model) if e.engine_id not in exclude}
+                   for e in await self.live_engines(model, lora) if e.engine_id not in exclude}
         if not engines:
             serving = f" serving {model!r}" if model else ""
-            raise NoEngineAvailable(f"no live engine{serving} (engines register in Redis; is "
-                                    "one running against the same Redis and prefix?)")
+            adapters = " with LoRA adapters on" if lora else ""
+            raise NoEngineAvailable(f"no live engine{serving}{adapters} (engines register in "
+                                    "Redis; is one running against the same Redis and prefix?)")
         try:
-            chosen = await self._choose(session_key, prompt_token_ids, cache_salt, engines,
-                                        pending)
+            chosen = await self._choose(session_key, prompt_token_ids, cache_salt, lora,
+                                        engines, pending)
         except RedisError as error:  # bindings and hints are preferences: do without them
             log.warning("session bindings unavailable, routing by load: %s", error)
-            chosen = self._policy.least_loaded(engines.values())
+            chosen = self._by_load(engines, lora)
         self._recent.add(chosen.engine_id)
         return chosen
 
     async def _choose(self, session_key: str | None, token_ids: Sequence[int], cache_salt: str,
-                      engines: Engines, pending: PendingBindings | None) -> EngineEntry:
+                      lora: str | None, engines: Engines,
+                      pending: PendingBindings | None) -> EngineEntry:
         hashes = prefix_block_hashes(token_ids, self._block_size, self._max_hint_blocks,
-                                     cache_salt)
+                                     cache_salt, lora or "")
         bound, seen = await self._read_bindings(session_key, hashes)
         if bound is not None and self._may_stay(bound, engines):
             chosen, writes = engines[bound], []
         else:
             least = self._policy.least_loaded(engines.values())
-            chosen = self._hinted_engine(seen, engines, least) or least
+            chosen = self._hinted_engine(seen, engines, least) or self._by_load(engines, lora)
             writes = self._prefix_writes(hashes, seen, chosen, engines)
             if session_key:
                 writes.insert(0, self._sessions.bind_call(session_key, chosen.engine_id,
@@ -588,10 +645,20 @@ class Router:
         """The engine hinted for the longest prefix that may take the request."""
         for engine_id in reversed(seen):
             engine = engines.get(engine_id) if engine_id else None
-            if engine is not None and not self._policy.is_overloaded(engine) \
-                    and not self._policy.is_much_busier(engine, least):
+            if engine is not None and self._policy.may_prefer(engine, least):
                 return engine
         return None
+
+    def _by_load(self, engines: Engines, lora: str | None) -> EngineEntry:
+        """The least loaded engine holding adapter `lora` if it may take the request,
+        else the least loaded one."""
+        least = self._policy.least_loaded(engines.values())
+        holding = [e for e in engines.values() if lora and lora in e.load.lora_adapters]
+        if holding:
+            holder = self._policy.least_loaded(holding)
+            if self._policy.may_prefer(holder, least):
+                return holder
+        return least
 
     def _prefix_writes(self, hashes: list[str], seen: list[str | None],
                        chosen: EngineEntry, engines: Engines) -> list[ScriptCall]:

@@ -4,8 +4,12 @@ SHA-256, checked in constant time; a `Tenant` is who a request is billed to.
 A key is `cvy-` + 43 URL-safe characters (256 random bits). Redis never holds
 the key itself, only its digest:
 
-    {prefix}:apikey:{key_id}   HASH  digest, tenant, tier, created_at, redacted
+    {prefix}:apikey:{key_id}   HASH  digest, tenant, tier, created_at, redacted, admin
     {prefix}:apikeys           SET   every key_id (for `list`)
+
+`admin` is "1" on a key created as an admin's (`create --admin`): such a key may also
+call the admin endpoints (loading LoRA adapters); a record without it is not an
+admin's (keys made before the field).
 
 `key_id` is the first 16 hex digits of the digest, so authentication finds the
 record by hashing the presented key, then compares the full stored digest with
@@ -74,6 +78,8 @@ class Tenant:
     tier: Tier
     key_id: str | None = None
     batch_id: str | None = None
+    is_admin: bool = False
+    """Its key is an admin's: it may call the admin endpoints."""
 
     @property
     def cache_salt(self) -> str:
@@ -107,6 +113,7 @@ class ApiKeyRecord:
     """Unix seconds."""
     redacted: str
     """The key's first and last 4 characters, for people to recognise it."""
+    admin: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -141,19 +148,20 @@ class ApiKeyStore:
         """key_id -> keys found valid: trusted for cache_ttl_s, and while Redis is down."""
         self._prefix = prefix
 
-    async def create(self, tenant_id: str, tier: str) -> CreatedApiKey:
-        """A new key for `tenant_id` in `tier`."""
+    async def create(self, tenant_id: str, tier: str, *, admin: bool = False) -> CreatedApiKey:
+        """A new key for `tenant_id` in `tier`; an admin's when `admin`."""
         check_tenant_id(tenant_id)
         if tier not in self._tiers:
             raise ValueError(f"unknown tier {tier!r}; known: {sorted(self._tiers)}")
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         digest = key_digest(key)
         record = ApiKeyRecord(digest[:_KEY_ID_HEX_DIGITS], tenant_id, tier, time.time(),
-                              redact_key(key))
+                              redact_key(key), admin)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(self._record_key(record.key_id), mapping={
                 "digest": digest, "tenant": tenant_id, "tier": tier,
                 "created_at": repr(record.created_at), "redacted": record.redacted,
+                "admin": "1" if admin else "0",
             })
             pipe.sadd(self._index_key, record.key_id)
             await pipe.execute()
@@ -208,7 +216,7 @@ class ApiKeyStore:
         tier = self._tiers.get(row["tier"])
         if tier is None:
             raise TierNotConfigured(row["tier"])
-        tenant = Tenant(row["tenant"], tier, key_id=key_id)
+        tenant = Tenant(row["tenant"], tier, key_id=key_id, is_admin=row.get("admin") == "1")
         if len(self._known) < _MAX_KNOWN or key_id in self._known:
             self._known[key_id] = _KnownKey(digest, tenant)
         return tenant
@@ -223,4 +231,4 @@ class ApiKeyStore:
 
 def _record(key_id: str, row: dict[str, str]) -> ApiKeyRecord:
     return ApiKeyRecord(key_id, row["tenant"], row["tier"], float(row["created_at"]),
-                        row["redacted"])
+                        row["redacted"], row.get("admin") == "1")

@@ -1,6 +1,7 @@
 """`python -m conveyor.gateway.tenancy`: create, list and revoke API keys, show tiers.
 
     python -m conveyor.gateway.tenancy create --tenant acme --tier premium
+    python -m conveyor.gateway.tenancy create --tenant ops --tier premium --admin
     python -m conveyor.gateway.tenancy list
     python -m conveyor.gateway.tenancy revoke KEY_ID
     python -m conveyor.gateway.tenancy tiers
@@ -31,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
     create = commands.add_parser("create", help="create a key; it is printed once")
     create.add_argument("--tenant", required=True, help="tenant id (letters, digits, _ . -)")
     create.add_argument("--tier", required=True, help="tier name (see `tiers`)")
+    create.add_argument("--admin", action="store_true",
+                        help="an admin's key: may also load and unload LoRA adapters")
     commands.add_parser("list", help="list keys (ids, tenants, tiers; never the keys)")
     revoke = commands.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
@@ -51,7 +54,7 @@ async def run(args: argparse.Namespace, settings: TenancySettings) -> int:
 
 async def _run_key_command(store: ApiKeyStore, args: argparse.Namespace) -> int:
     if args.command == "create":
-        created = await store.create(args.tenant, args.tier)
+        created = await store.create(args.tenant, args.tier, admin=args.admin)
         print(f"key_id: {created.record.key_id}", file=sys.stderr)
         print("Store this key now; it cannot be shown again:", file=sys.stderr)
         print(created.key)
@@ -60,7 +63,7 @@ async def _run_key_command(store: ApiKeyStore, args: argparse.Namespace) -> int:
         for record in await store.list():
             created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created_at))
             print(f"{record.key_id}  {record.tenant_id}  {record.tier}  {created}  "
-                  f"{record.redacted}")
+                  f"{record.redacted}{'  admin' if record.admin else ''}")
         return 0
     if await store.revoke(args.key_id):
         print(f"revoked {args.key_id}")

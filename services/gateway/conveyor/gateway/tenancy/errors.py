@@ -63,6 +63,14 @@ class InvalidApiKey(TenancyError):
         return {"WWW-Authenticate": "Bearer"}
 
 
+class PermissionDenied(TenancyError):
+    """An authenticated caller asking for what its key does not allow (an admin endpoint)."""
+
+    status_code = 403
+    error_type = "permission_denied_error"
+    code = "permission_denied"
+
+
 class RateLimited(TenancyError):
     """Over one of the tenant's limits now; `retry_after_s` says when it would fit."""
 
