@@ -4,71 +4,106 @@ Each adapted projection keeps `max_loras` slots of adapter weights in two stacke
 tensors at fixed addresses (`a` [slots x width, in], `b` [slots x width, out], width =
 fused slices x max_rank; adapter.py's layout, zeros in a free slot). A step's rows are
 told apart by the slot of their request (`LoraBatch`, -1 for the base model), and the
-projection adds, for every row at once,
+projection adds `x[t] @ a_s^T @ b_s` to each row t of slot s:
 
-    y += ((x @ a[:n]^T) * mask) @ b[:n]      n = width x (highest slot in the step + 1)
+- **Native** (CPU, steps of at most NATIVE_MAX_ROWS rows: decode steps):
+  native/csrc/lora_bgmv.cpp, one call per projection, each row reading only its own
+  adapter's rank rows (punica's BGMV).
+- **Grouped** (larger steps, GPUs, CONVEYOR_LORA_KERNEL=torch): per slot in the step, its
+  rows gathered, two GEMMs, the result added back (SGMV by torch ops): ~4 ops per adapter
+  in the step, which a prefill chunk's GEMMs dwarf.
 
-where `mask[t, c]` is 1 when column c belongs to row t's slot. That is punica's BGMV
-as two dense GEMMs and a multiply: a fixed number of ops whatever the mix of adapters
-(a loop over adapters would cost ~4 small ops per adapter, layer and projection), at the
-price of computing the columns of the other slots in the step and the padding past each
-adapter's rank. A step without adapter rows costs nothing more than the base model.
+A step without adapter rows costs nothing more than the base model.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from conveyor.engine.native.switches import switch
+
+log = logging.getLogger("conveyor.engine.lora")
+
+EXTENSION = "conveyor_lora_bgmv"
+KERNEL_ISAS = {"auto": 0, "avx2": 1, "avx512": 2}
+KERNEL = switch("CONVEYOR_LORA_KERNEL")
+"""auto, avx2 or avx512 (the native kernel's path; auto: AVX-512 where the CPU has it), or
+torch: the grouped torch ops for every step (native/switches.py)."""
+NATIVE_MAX_ROWS = 64
+"""Steps of up to this many rows take the native kernel: it reads a row's adapter once per
+row, which beats two GEMM calls per adapter until a step has many rows per adapter."""
+
+
+@functools.cache
+def native_kernel() -> ModuleType | None:
+    """The compiled kernel, or None when it cannot be built here (the reason logged once)."""
+    from conveyor.engine.native import CPU_CFLAGS, NativeBuildError, load_extension
+
+    try:
+        if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+            raise NativeBuildError("the LoRA kernel is built for AVX2; this CPU's torch "
+                                   f"capability is {torch.backends.cpu.get_cpu_capability()}")
+        return load_extension(EXTENSION, ("lora_bgmv.cpp",), CPU_CFLAGS)
+    except NativeBuildError as exc:
+        log.warning("LoRA kernel unavailable, using torch ops: %s", exc)
+        return None
 
 
 class LoraBatch:
     """The step's rows by adapter slot, shared by every LoRA projection of the model; the
     model runner sets it before each forward pass."""
 
-    def __init__(self, max_loras: int, max_rank: int) -> None:
+    def __init__(self, max_loras: int, max_rank: int, device: torch.device) -> None:
         self.max_loras = max_loras
         self.max_rank = max_rank
-        self.num_slots = 0
-        """Slots the step reaches: its highest slot + 1 (0: no row has an adapter)."""
-        self._token_slots: torch.Tensor | None = None
-        self._masks: dict[int, torch.Tensor] = {}
+        self.ranks = torch.zeros(max_loras, dtype=torch.int64)
+        """Each slot's adapter rank (0: free); LoraSlots keeps it."""
+        self.token_slots: torch.Tensor | None = None
+        """[T] each row's slot, -1 for the base model; None: no row has an adapter."""
+        self.groups: list[tuple[int, torch.Tensor | None]] = []
+        """Per slot in the step: (slot, its rows; None when it has every row)."""
+        self.native: ModuleType | None = None
+        """The native kernel when this step takes it."""
+        self._kernel = (native_kernel() if device.type == "cpu" and KERNEL != "torch"
+                        else None)
 
-    def set_step(self, token_slots: torch.Tensor | None, num_slots: int,
-                 dtype: torch.dtype) -> None:
-        """`token_slots` [T]: each row's slot, -1 for the base model; `num_slots` its
-        highest slot + 1 (0, and None for the slots: no row has an adapter)."""
-        self._masks.clear()
-        self._dtype = dtype
-        self._token_slots = token_slots
-        self.num_slots = num_slots
-
-    def mask(self, width: int) -> torch.Tensor:
-        """[T, num_slots x width]: 1 where a column is in the row's slot (slot = column //
-        width), made once per step and width."""
-        mask = self._masks.get(width)
-        if mask is None:
-            column_slot = torch.arange(self.num_slots * width,
-                                       device=self._token_slots.device) // width
-            mask = (self._token_slots[:, None] == column_slot[None, :]).to(self._dtype)
-            self._masks[width] = mask
-        return mask
+    def set_step(self, token_slots: torch.Tensor | None) -> None:
+        """`token_slots` [T]: each row's slot, -1 for the base model (None: no adapters)."""
+        self.token_slots = token_slots
+        self.groups = []
+        self.native = None
+        if token_slots is None:
+            return
+        if self._kernel is not None and len(token_slots) <= NATIVE_MAX_ROWS:
+            self.native = self._kernel
+            return
+        for slot in torch.unique(token_slots).tolist():
+            if slot >= 0:
+                rows = (token_slots == slot).nonzero().squeeze(1)
+                self.groups.append((slot, None if len(rows) == len(token_slots) else rows))
 
 
 class LoraLinear(nn.Module):
     """`base` (any projection module) plus the adapters in its slots, as `LoraBatch` says."""
 
-    def __init__(self, base: nn.Module, num_slices: int, in_features: int, out_features: int,
+    def __init__(self, base: nn.Module, slice_outs: tuple[int, ...], in_features: int,
                  batch: LoraBatch, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.base = base
         self.batch = batch
-        self.width = num_slices * batch.max_rank
+        self.slice_outs = list(slice_outs)
+        self.width = len(slice_outs) * batch.max_rank
         slots = batch.max_loras * self.width
         self.register_buffer("a", torch.zeros(slots, in_features, dtype=dtype, device=device),
                              persistent=False)
-        self.register_buffer("b", torch.zeros(slots, out_features, dtype=dtype, device=device),
-                             persistent=False)
+        self.register_buffer("b", torch.zeros(slots, sum(slice_outs), dtype=dtype,
+                                              device=device), persistent=False)
 
     def set_slot(self, slot: int, weights: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         """Put an adapter's (a, b) for this projection in `slot` (None: it leaves this
@@ -83,8 +118,16 @@ class LoraLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        if not self.batch.num_slots:
+        batch = self.batch
+        if batch.native is not None:
+            batch.native.lora_bgmv_(y, x, self.a, self.b, batch.token_slots, batch.ranks,
+                                    batch.max_rank, self.slice_outs, KERNEL_ISAS.get(KERNEL, 0))
             return y
-        columns = self.batch.num_slots * self.width
-        shrunk = F.linear(x, self.a[:columns]).mul_(self.batch.mask(self.width))
-        return y.addmm_(shrunk.to(y.dtype), self.b[:columns].to(y.dtype))
+        for slot, rows in batch.groups:
+            a = self.a[slot * self.width:(slot + 1) * self.width]
+            b = self.b[slot * self.width:(slot + 1) * self.width]
+            if rows is None:
+                y.addmm_(F.linear(x, a), b)
+            else:
+                y.index_add_(0, rows, F.linear(x.index_select(0, rows), a) @ b)
+        return y

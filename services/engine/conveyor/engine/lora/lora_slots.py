@@ -1,8 +1,8 @@
 """Which adapter sits in which slot of the model's LoRA projections.
 
 `attach_lora` wraps every adapted projection of the model in a LoraLinear with
-`max_loras` slots. Before each step the runner asks `LoraSlots.token_slots` for the
-slot of each row: an adapter the step needs that no slot holds is copied into the
+`max_loras` slots. Before each step the runner tells `LoraSlots.set_step` its requests,
+which gives each row the slot of its request's adapter: an adapter the step needs that no slot holds is copied into the
 lowest free slot, or over the least recently used adapter the step does not need (a
 copy of a few MB; reading the files happened off the step loop, adapter_store.py). The
 scheduler never puts more than `max_loras` adapters in one step, so there is always
@@ -25,8 +25,7 @@ from conveyor.engine.model.llama import LlamaForCausalLM
 class LoraSlots:
     def __init__(self, model: LlamaForCausalLM, max_loras: int, max_rank: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        self.batch = LoraBatch(max_loras, max_rank)
-        self.dtype = dtype
+        self.batch = LoraBatch(max_loras, max_rank, device)
         self.device = device
         self.projections = attach_lora(model, self.batch, dtype, device)
         self._held: OrderedDict[str, int] = OrderedDict()
@@ -38,11 +37,10 @@ class LoraSlots:
         slots = np.fromiter((self._slot_of(r.lora, requests) for r in requests), np.int64,
                             len(requests))
         if not len(slots) or slots.max() < 0:
-            self.batch.set_step(None, 0, self.dtype)
+            self.batch.set_step(None)
             return
         query_lens = np.fromiter((len(r.token_ids) for r in requests), np.int64, len(requests))
-        rows = torch.from_numpy(np.repeat(slots, query_lens)).to(self.device)
-        self.batch.set_step(rows, int(slots.max()) + 1, self.dtype)
+        self.batch.set_step(torch.from_numpy(np.repeat(slots, query_lens)).to(self.device))
 
     def _slot_of(self, adapter: LoraAdapter | None, requests: list[ScheduledRequest]) -> int:
         if adapter is None:
@@ -65,6 +63,7 @@ class LoraSlots:
             slot = self._held.pop(victim)
         for (layer, projection), module in self.projections.items():
             module.set_slot(slot, adapter.weights.get((layer, projection)))
+        self.batch.ranks[slot] = adapter.rank
         self._held[adapter.key] = slot
         return slot
 
@@ -78,8 +77,8 @@ def attach_lora(model: LlamaForCausalLM, batch: LoraBatch, dtype: torch.dtype,
         for projection, (block_name, parts) in FUSED_PROJECTIONS.items():
             block = getattr(layer, block_name)
             in_features, outs = shapes[projection]
-            module = LoraLinear(getattr(block, projection), len(parts), in_features, sum(outs),
-                                batch, dtype, device)
+            module = LoraLinear(getattr(block, projection), outs, in_features, batch, dtype,
+                                device)
             setattr(block, projection, module)
             wrapped[(index, projection)] = module
     return wrapped

@@ -38,6 +38,12 @@ SWITCHES = MappingProxyType({
         "(q4_1_int8): bf16 runs them through oneDNN on bf16 copies of the weights (AMX tiles "
         "where the CPU has them), the activations rounded to bf16 on the way in; fp32 keeps the "
         "fp32 weights; auto: bf16 where the CPU has native bf16 (AVX512-BF16 or AMX)."),
+    "CONVEYOR_LORA_KERNEL": Switch(
+        ("auto", "avx2", "avx512", "torch"),
+        "LoRA adapters on steps of up to 64 rows through the per-row C++ kernel "
+        "(native/csrc/lora_bgmv.cpp): auto takes AVX-512 where the CPU has it, avx2/avx512 "
+        "force a path, torch applies adapters with grouped torch GEMMs on every step (as on "
+        "steps past 64 rows)."),
     "CONVEYOR_PREFILL_ATTENTION": Switch(
         ("auto", "native", "native-avx2", "native-avx512", "torch"),
         "With attention backend native, prefill chunks through its C++ flash kernel reading "
