@@ -2,11 +2,11 @@
 
 `attach_lora` wraps every adapted projection of the model in a LoraLinear with
 `max_loras` slots. Before each step the runner tells `LoraSlots.set_step` its requests,
-which gives each row the slot of its request's adapter: an adapter the step needs that no slot holds is copied into the
-lowest free slot, or over the least recently used adapter the step does not need (a
-copy of a few MB; reading the files happened off the step loop, adapter_store.py). The
-scheduler never puts more than `max_loras` adapters in one step, so there is always
-room.
+which gives each row the slot of its request's adapter: an adapter the step needs that no
+slot holds is copied into the lowest free slot, or over the least recently used adapter
+the step does not need (a copy of a few MB; reading the files happened off the step loop,
+adapter_store.py). The scheduler never puts more than `max_loras` adapters in one step, so
+there is always room.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def attach_lora(model: LlamaForCausalLM, batch: LoraBatch, dtype: torch.dtype,
     shapes = projection_shapes(model.config)
     wrapped = {}
     for index, layer in enumerate(model.model.layers):
-        for projection, (block_name, parts) in FUSED_PROJECTIONS.items():
+        for projection, (block_name, _) in FUSED_PROJECTIONS.items():
             block = getattr(layer, block_name)
             in_features, outs = shapes[projection]
             module = LoraLinear(getattr(block, projection), outs, in_features, batch, dtype,
