@@ -7,7 +7,7 @@ every request on one adapter; requests spread round-robin over four adapters (ea
 mixes them). The adapters are made here with peft (seeded random A and B on all seven
 projections, rank --rank). Target: 4 adapters mixed >= 0.8x the base model's tok/s.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.lora [--rounds 3] [--rank 16] \\
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.lora [--rounds 3] [--rank 16] [--threads N] \\
         [--out docs/img/lora.md]
 """
 
@@ -54,10 +54,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--threads", type=int, help="torch threads (default: the engine's)")
     parser.add_argument("--out", type=Path, help="also write the figures as a Markdown section")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
-    llm = make_llm(max_model_len=1024, enable_lora=True, max_loras=4, max_lora_rank=args.rank)
+    threads = {"torch_threads": args.threads} if args.threads else {}
+    llm = make_llm(max_model_len=1024, enable_lora=True, max_loras=4, max_lora_rank=args.rank,
+                   **threads)
     with tempfile.TemporaryDirectory() as scratch:
         adapters = [llm.core.loras.load(f"a{i}", make_adapter(f"{scratch}/a{i}", args.rank, i))
                     for i in range(4)]

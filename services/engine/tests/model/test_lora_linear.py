@@ -53,7 +53,7 @@ def _set(monkeypatch, batch, slots, path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("path", ["avx2", "avx512", "torch"])
-@pytest.mark.parametrize("rows", [1, 7, 33])
+@pytest.mark.parametrize("rows", [1, 7, 11, 33])  # groups of 1-4 rows of one slot
 def test_each_row_gets_its_own_adapter(monkeypatch, dtype, path, rows):
     if path != "torch" and native_kernel() is None:
         pytest.skip("the LoRA kernel does not build here")

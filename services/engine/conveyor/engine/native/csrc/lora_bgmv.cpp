@@ -13,17 +13,20 @@
 // past the rank, the other slices' zero columns and the other slots. Rows of slot -1 (the
 // base model) are skipped.
 //
-// fp32 or bf16 tensors (all one dtype): bf16 is widened to fp32 as loaded, the products summed
-// in fp32, and y rounded to bf16 once, after the row's whole delta is added (as torch's addmm_
-// rounds once). Sums run in 8 or 16 lanes, so the result is within fp32 rounding of torch's,
+// Rows are sorted by slot and taken in groups of up to 4 of one slot (lora_bgmv_tiles.inc), so
+// each load of the adapter's A and B serves the group's rows; groups are split across torch's
+// intra-op threads. fp32 or bf16 tensors (all one dtype): bf16 is widened to fp32 as loaded,
+// the products summed in fp32, and y rounded to bf16 once, after the row's whole delta is added
+// (as torch's addmm_ rounds once). Sums run in 8 or 16 lanes, so the result is within fp32 rounding of torch's,
 // not bit for bit. Two code paths chosen at run time: AVX-512 (target attributes) where the CPU
 // has it, else AVX2 + FMA; `isa` forces one (0 auto, 1 AVX2, 2 AVX-512) so the tests run both.
-// Rows are split across torch's intra-op threads; the GIL is released.
+// The GIL is released.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -32,139 +35,112 @@
 
 namespace {
 
-using conveyor_native::horizontal_sum;
-using conveyor_native::kIsaAvx512;
-using conveyor_native::load16;
-using conveyor_native::load8;
-using conveyor_native::store16;
-using conveyor_native::store8;
 using BF16 = at::BFloat16;
 
-constexpr int64_t kGrainRows = 2;  // a row is ~10-100k multiply-adds
-
-// ---- 8 lanes (AVX2 + FMA) -----------------------------------------------------------------
-
-template <typename T>
-float dot_8(const float* x, const T* a, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(load8(x + i), load8(a + i), s0);
-    s1 = _mm256_fmadd_ps(load8(x + i + 8), load8(a + i + 8), s1);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load8(x + i), load8(a + i), s0);
-  float total = horizontal_sum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) total += x[i] * static_cast<float>(a[i]);
-  return total;
-}
-
-template <typename T>
-void axpy_8(float h, const T* b, float* acc, int64_t n) {
-  const __m256 hv = _mm256_set1_ps(h);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) store8(acc + i, _mm256_fmadd_ps(hv, load8(b + i), load8(acc + i)));
-  for (; i < n; ++i) acc[i] += h * static_cast<float>(b[i]);
-}
-
-template <typename T>
-void add_into_8(T* y, const float* acc, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) store8(y + i, _mm256_add_ps(load8(y + i), load8(acc + i)));
-  for (; i < n; ++i) y[i] = static_cast<T>(static_cast<float>(y[i]) + acc[i]);
-}
-
-// ---- 16 lanes (AVX-512) -------------------------------------------------------------------
-
-template <typename T>
-CONVEYOR_AVX512 float dot_16(const float* x, const T* a, int64_t n) {
-  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm512_fmadd_ps(load16(x + i), load16(a + i), s0);
-    s1 = _mm512_fmadd_ps(load16(x + i + 16), load16(a + i + 16), s1);
-  }
-  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(load16(x + i), load16(a + i), s0);
-  float total = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-  for (; i < n; ++i) total += x[i] * static_cast<float>(a[i]);
-  return total;
-}
-
-template <typename T>
-CONVEYOR_AVX512 void axpy_16(float h, const T* b, float* acc, int64_t n) {
-  const __m512 hv = _mm512_set1_ps(h);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    store16(acc + i, _mm512_fmadd_ps(hv, load16(b + i), load16(acc + i)));
-  }
-  for (; i < n; ++i) acc[i] += h * static_cast<float>(b[i]);
-}
-
-template <typename T>
-CONVEYOR_AVX512 void add_into_16(T* y, const float* acc, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) store16(y + i, _mm512_add_ps(load16(y + i), load16(acc + i)));
-  for (; i < n; ++i) y[i] = static_cast<T>(static_cast<float>(y[i]) + acc[i]);
-}
-
-// ---- one row ------------------------------------------------------------------------------
+constexpr int kGroupRows = 4;  // rows of one slot computed together (they share A and B loads)
 
 struct Shape {
-  int64_t in, out, width, max_rank;
+  int64_t in, out, max_rank;
   std::vector<int64_t> slice_outs;
 };
 
-// y_row += x_row @ A^T @ B over the slot's `rank` rows per slice; xf, h, acc: scratch of
-// in, rank and out floats.
-template <typename T, bool kWide>
-void apply_row(const T* x_row, T* y_row, const T* a, const T* b, int64_t rank,
-               const Shape& s, float* xf, float* h, float* acc) {
-  conveyor_native::widen(x_row, s.in, xf);
-  std::fill(acc, acc + s.out, 0.0f);
-  int64_t column = 0;
-  for (size_t slice = 0; slice < s.slice_outs.size(); ++slice) {
-    const int64_t first = static_cast<int64_t>(slice) * s.max_rank;
-    const int64_t width = s.slice_outs[slice];
-    for (int64_t j = 0; j < rank; ++j) {
-      const T* a_row = a + (first + j) * s.in;
-      h[j] = kWide ? dot_16(xf, a_row, s.in) : dot_8(xf, a_row, s.in);
-    }
-    for (int64_t j = 0; j < rank; ++j) {
-      const T* b_row = b + (first + j) * s.out + column;
-      if (kWide) {
-        axpy_16(h[j], b_row, acc + column, width);
-      } else {
-        axpy_8(h[j], b_row, acc + column, width);
-      }
-    }
-    column += width;
+namespace avx2 {
+using Vec = __m256;
+constexpr int kLanes = 8, kShrinkRows = 2;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+template <typename T>
+inline Vec vload(const T* p) { return conveyor_native::load8(p); }
+template <typename T>
+inline void vstore(T* p, Vec v) { conveyor_native::store8(p, v); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec vset1(float f) { return _mm256_set1_ps(f); }
+inline float vsum(Vec v) { return conveyor_native::horizontal_sum(v); }
+#define LORA_TARGET
+#include "lora_bgmv_tiles.inc"
+#undef LORA_TARGET
+}  // namespace avx2
+
+namespace avx512 {
+using Vec = __m512;
+constexpr int kLanes = 16, kShrinkRows = 4;
+CONVEYOR_AVX512 inline Vec vzero() { return _mm512_setzero_ps(); }
+template <typename T>
+CONVEYOR_AVX512 inline Vec vload(const T* p) { return conveyor_native::load16(p); }
+template <typename T>
+CONVEYOR_AVX512 inline void vstore(T* p, Vec v) { conveyor_native::store16(p, v); }
+CONVEYOR_AVX512 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+CONVEYOR_AVX512 inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+CONVEYOR_AVX512 inline Vec vset1(float f) { return _mm512_set1_ps(f); }
+CONVEYOR_AVX512 inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
+#define LORA_TARGET CONVEYOR_AVX512
+#include "lora_bgmv_tiles.inc"
+#undef LORA_TARGET
+}  // namespace avx512
+
+// The rows of each slot in groups of up to kGroupRows: (slot, first row index in `order`,
+// count), `order` the rows sorted by slot (base rows left out).
+struct Groups {
+  std::vector<int64_t> order;
+  std::vector<std::array<int64_t, 3>> groups;
+};
+
+Groups group_rows(const int64_t* slots, int64_t num_rows, int64_t num_slots) {
+  Groups out;
+  for (int64_t slot = 0; slot < num_slots; ++slot) {
+    const int64_t first = static_cast<int64_t>(out.order.size());
+    for (int64_t t = 0; t < num_rows; ++t)
+      if (slots[t] == slot) out.order.push_back(t);
+    const int64_t end = static_cast<int64_t>(out.order.size());
+    for (int64_t g = first; g < end; g += kGroupRows)
+      out.groups.push_back({slot, g, std::min<int64_t>(kGroupRows, end - g)});
   }
-  if (kWide) {
-    add_into_16(y_row, acc, s.out);
+  return out;
+}
+
+template <typename T, bool kWide, int G>
+void run_group(const float* xf, T* const* y, const T* a, const T* b, int64_t rank,
+               const Shape& s, float* h) {
+  if constexpr (kWide) {
+    avx512::apply_group<T, G>(xf, y, a, b, rank, s, h);
   } else {
-    add_into_8(y_row, acc, s.out);
+    avx2::apply_group<T, G>(xf, y, a, b, rank, s, h);
   }
 }
 
 template <typename T, bool kWide>
 void apply_rows(torch::Tensor& y, const torch::Tensor& x, const torch::Tensor& a,
                 const torch::Tensor& b, const int64_t* slots, const int64_t* ranks,
-                const Shape& s) {
+                int64_t num_slots, const Shape& s) {
   const T* x_data = x.data_ptr<T>();
   T* y_data = y.data_ptr<T>();
   const T* a_data = a.data_ptr<T>();
   const T* b_data = b.data_ptr<T>();
   const int64_t x_stride = x.stride(0), y_stride = y.stride(0);
-  at::parallel_for(0, x.size(0), kGrainRows, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(s.in + s.max_rank + s.out);
+  const int64_t width = static_cast<int64_t>(s.slice_outs.size()) * s.max_rank;
+  const Groups rows = group_rows(slots, x.size(0), num_slots);
+  at::parallel_for(0, static_cast<int64_t>(rows.groups.size()), 1, [&](int64_t begin,
+                                                                      int64_t end) {
+    std::vector<float> scratch(kGroupRows * (s.in + s.max_rank));
     float* xf = scratch.data();
-    float* h = xf + s.in;
-    float* acc = h + s.max_rank;
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t slot = slots[t];
-      if (slot < 0) continue;
-      apply_row<T, kWide>(x_data + t * x_stride, y_data + t * y_stride,
-                          a_data + slot * s.width * s.in, b_data + slot * s.width * s.out,
-                          ranks[slot], s, xf, h, acc);
+    float* h = xf + kGroupRows * s.in;
+    for (int64_t i = begin; i < end; ++i) {
+      const auto [slot, first, count] = rows.groups[i];
+      T* y_rows[kGroupRows];
+      for (int64_t g = 0; g < count; ++g) {
+        const int64_t t = rows.order[first + g];
+        conveyor_native::widen(x_data + t * x_stride, s.in, xf + g * s.in);
+        y_rows[g] = y_data + t * y_stride;
+      }
+      const T* a_slot = a_data + slot * width * s.in;
+      const T* b_slot = b_data + slot * width * s.out;
+      const int64_t rank = ranks[slot];
+      switch (count) {
+        case 1: run_group<T, kWide, 1>(xf, y_rows, a_slot, b_slot, rank, s, h); break;
+        case 2: run_group<T, kWide, 2>(xf, y_rows, a_slot, b_slot, rank, s, h); break;
+        case 3: run_group<T, kWide, 3>(xf, y_rows, a_slot, b_slot, rank, s, h); break;
+        default: run_group<T, kWide, 4>(xf, y_rows, a_slot, b_slot, rank, s, h); break;
+      }
     }
   });
 }
@@ -192,13 +168,13 @@ void lora_bgmv_(torch::Tensor y, const torch::Tensor& x, const torch::Tensor& a,
   TORCH_CHECK(ranks.scalar_type() == torch::kInt64 && ranks.is_contiguous(),
               "ranks must be int64 [S]");
   TORCH_CHECK(!slice_outs.empty() && max_rank > 0, "need slice_outs and max_rank > 0");
-  Shape s{x.size(1), y.size(1), static_cast<int64_t>(slice_outs.size()) * max_rank, max_rank,
-          slice_outs};
+  Shape s{x.size(1), y.size(1), max_rank, slice_outs};
+  const int64_t width = static_cast<int64_t>(slice_outs.size()) * max_rank;
   int64_t total_out = 0;
   for (int64_t width : slice_outs) total_out += width;
   TORCH_CHECK(y.size(0) == x.size(0) && total_out == s.out, "y must be [T, sum(slice_outs)]");
   TORCH_CHECK(a.size(1) == s.in && b.size(1) == s.out && a.size(0) == b.size(0) &&
-                  a.size(0) % s.width == 0 && ranks.size(0) == a.size(0) / s.width,
+                  a.size(0) % width == 0 && ranks.size(0) == a.size(0) / width,
               "a [S*W, in] and b [S*W, out] must hold ranks.size(0) slots of W = "
               "len(slice_outs) * max_rank rows");
   const int64_t num_slots = ranks.size(0);
@@ -212,13 +188,13 @@ void lora_bgmv_(torch::Tensor y, const torch::Tensor& x, const torch::Tensor& a,
     TORCH_CHECK(rank_data[i] >= 0 && rank_data[i] <= max_rank, "rank of slot ", i,
                 " must be 0..max_rank");
   }
-  const bool wide = conveyor_native::resolve_isa(isa, "lora_bgmv") == kIsaAvx512;
+  const bool wide = conveyor_native::resolve_isa(isa, "lora_bgmv") == conveyor_native::kIsaAvx512;
   if (dtype == torch::kFloat32) {
-    wide ? apply_rows<float, true>(y, x, a, b, slot_data, rank_data, s)
-         : apply_rows<float, false>(y, x, a, b, slot_data, rank_data, s);
+    wide ? apply_rows<float, true>(y, x, a, b, slot_data, rank_data, num_slots, s)
+         : apply_rows<float, false>(y, x, a, b, slot_data, rank_data, num_slots, s);
   } else {
-    wide ? apply_rows<BF16, true>(y, x, a, b, slot_data, rank_data, s)
-         : apply_rows<BF16, false>(y, x, a, b, slot_data, rank_data, s);
+    wide ? apply_rows<BF16, true>(y, x, a, b, slot_data, rank_data, num_slots, s)
+         : apply_rows<BF16, false>(y, x, a, b, slot_data, rank_data, num_slots, s);
   }
 }
 
