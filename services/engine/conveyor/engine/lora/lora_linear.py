@@ -40,16 +40,24 @@ NATIVE_MAX_ROWS = 64
 row, which beats two GEMM calls per adapter until a step has many rows per adapter."""
 
 
+def load_lora_kernel() -> ModuleType:
+    """The compiled kernel (built first if need be); NativeBuildError when it cannot be
+    built here (no compiler or ninja, a CPU without AVX2)."""
+    from conveyor.engine.native import CPU_CFLAGS, NativeBuildError, load_extension
+
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        raise NativeBuildError("the LoRA kernel is built for AVX2; this CPU's torch "
+                               f"capability is {torch.backends.cpu.get_cpu_capability()}")
+    return load_extension(EXTENSION, ("lora_bgmv.cpp",), CPU_CFLAGS)
+
+
 @functools.cache
 def native_kernel() -> ModuleType | None:
     """The compiled kernel, or None when it cannot be built here (the reason logged once)."""
-    from conveyor.engine.native import CPU_CFLAGS, NativeBuildError, load_extension
+    from conveyor.engine.native import NativeBuildError
 
     try:
-        if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-            raise NativeBuildError("the LoRA kernel is built for AVX2; this CPU's torch "
-                                   f"capability is {torch.backends.cpu.get_cpu_capability()}")
-        return load_extension(EXTENSION, ("lora_bgmv.cpp",), CPU_CFLAGS)
+        return load_lora_kernel()
     except NativeBuildError as exc:
         log.warning("LoRA kernel unavailable, using torch ops: %s", exc)
         return None
