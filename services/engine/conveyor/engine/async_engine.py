@@ -28,6 +28,7 @@ from conveyor.engine.core.errors import DuplicateRequestId
 from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.engine_stats import EngineStats
+from conveyor.engine.lora.adapter_store import AdapterStore
 from conveyor.engine.metrics import EngineMetrics
 from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.step_result import StepResult
@@ -93,10 +94,16 @@ class AsyncEngine:
     def info(self):
         return self.core.info
 
+    @property
+    def loras(self) -> AdapterStore | None:
+        """The LoRA adapters held (thread-safe: callers on any thread load and unload);
+        None when this engine serves none."""
+        return self.core.loras
+
     def stats(self) -> EngineStats:
         """The snapshot taken after the latest step (or abort) of the loop, with the LoRA
         adapters held as of now (loads and unloads happen off the loop)."""
-        loras = self.core.loras if self.core is not None else None
+        loras = self.loras if self.core is not None else None
         if loras is None:
             return self._stats
         return dataclasses.replace(self._stats, lora_adapters=loras.names())

@@ -55,8 +55,7 @@ def build_engine_core(settings: EngineSettings) -> EngineCore:
 def _adapter_store(settings: EngineSettings, runner) -> AdapterStore | None:
     if not settings.enable_lora:
         return None
-    return AdapterStore(runner.model_config, settings.max_loras, settings.max_lora_rank,
-                        settings.max_cpu_loras, runner.config.torch_dtype)
+    return AdapterStore(runner.model_config, settings.max_lora_rank, settings.max_cpu_loras)
 
 
 def _grammar_compiler(settings: EngineSettings, info: EngineInfo) -> GrammarCompiler:

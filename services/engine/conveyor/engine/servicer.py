@@ -89,7 +89,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
     async def LoadLoraAdapter(self, request, context):
-        if self.engine.core.loras is None:
+        if self.engine.loras is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, _LORA_OFF)
         try:
             adapter = await self._adapter(request)
@@ -98,7 +98,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         return _adapter_info(adapter)
 
     async def UnloadLoraAdapter(self, request, context):
-        loras = self.engine.core.loras
+        loras = self.engine.loras
         adapter = loras.unload(request.name) if loras is not None else None
         if adapter is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,
@@ -107,7 +107,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def _adapter(self, proto: engine_pb2.LoraAdapter) -> LoraAdapter:
         """The adapter named, read on a worker thread unless held (InvalidAdapter)."""
-        loras = self.engine.core.loras
+        loras = self.engine.loras
         if loras is None:
             raise InvalidAdapter(_LORA_OFF)
         held = loras.find(proto.name, proto.path)

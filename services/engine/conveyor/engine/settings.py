@@ -148,7 +148,8 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
     enable_lora: bool = Field(
         False, description="Serve LoRA adapters (PEFT folders named by requests, read on first "
         "use): every q/k/v/o/gate/up/down projection gets max_loras adapter slots; steps "
-        "with adapter rows cost more (docs/benchmarks.md, LoRA), steps without cost the same.",
+        "with adapter rows cost more (docs/benchmarks.md, Multi-LoRA), steps without run the "
+        "base model's code (on a GPU eagerly: CUDA graphs are off with LoRA on).",
     )
     max_loras: int = Field(
         4, ge=1, description="LoRA: most distinct adapters in one step; requests of a further "

@@ -107,6 +107,16 @@ def test_hash_chains_parent_tokens_and_salt():
     assert len(root) == 32
 
 
+def test_the_lora_adapter_keys_the_first_block_apart_from_the_salt():
+    def first(salt, lora):
+        return hash_block_tokens(block_key([1, 2, 3, 4], None, salt, lora))
+
+    assert first(None, "adapter") not in {first(None, None), first("adapter", None),
+                                          first(None, "other")}
+    assert first("tenant", "adapter") != first("tenant", None)
+    assert block_key([5, 6], b"parent", "tenant", "adapter").extra_keys == ()
+
+
 def test_pool_needs_a_block():
     with pytest.raises(ValueError, match="num_blocks"):
         BlockPool(0)

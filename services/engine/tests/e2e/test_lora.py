@@ -75,7 +75,7 @@ def _tokens(outputs) -> list[list[int]]:
 def test_greedy_output_equals_peft_merged(llm, adapters, prompts, reference, name):
     for prompt, expected in zip(prompts, reference[name], strict=True):
         [output] = llm.generate([prompt], _greedy(),
-                                lora_request=LoRARequest(name, adapters[name]))
+                                lora_request=LoRARequest(name, 1, adapters[name]))
         assert output.outputs[0].token_ids == expected
 
 
@@ -86,7 +86,7 @@ def test_one_step_mixes_the_base_model_and_two_adapters(llm, adapters, prompts, 
     for prompt in prompts:
         for name in names:
             items.append(prompt)
-            wanted.append(None if name is None else LoRARequest(name, adapters[name]))
+            wanted.append(None if name is None else LoRARequest(name, 1, adapters[name]))
     mixed = _tokens(llm.generate(items, _greedy(), lora_request=wanted))
     for i, (tokens, request) in enumerate(zip(mixed, wanted, strict=True)):
         prompt_index = i // len(names)
@@ -102,7 +102,7 @@ def _hit_tokens(llm) -> int:
 
 def test_an_adapters_cached_blocks_serve_no_other(llm, adapters, engine_test_support):
     prompt = engine_test_support.cases[0].token_ids * 3  # a few full blocks
-    one, two = LoRARequest("r8", adapters["r8"]), LoRARequest("r16", adapters["r16"])
+    one, two = LoRARequest("r8", 1, adapters["r8"]), LoRARequest("r16", 2, adapters["r16"])
     params = SamplingParams(temperature=0.0, max_tokens=1)
     llm.generate([prompt], params, lora_request=one)
     before = _hit_tokens(llm)
@@ -116,16 +116,17 @@ def test_an_adapters_cached_blocks_serve_no_other(llm, adapters, engine_test_sup
 def test_more_adapters_than_max_loras_take_turns(llm, adapters, prompts, reference):
     names = ["r8", "r16", "attn-only"] * 2  # three adapters, two slots
     outputs = llm.generate([prompts[0]] * len(names), _greedy(),
-                           lora_request=[LoRARequest(n, adapters[n]) for n in names])
+                           lora_request=[LoRARequest(n, 1, adapters[n]) for n in names])
     assert _tokens(outputs) == [reference[n][0] for n in names]
 
 
 def test_bad_adapters_are_refused_saying_why(llm, make_lora_adapter, tmp_path, adapters):
     params = SamplingParams(max_tokens=1)
     with pytest.raises(InvalidAdapter, match="rank 32"):
-        llm.generate(["x"], params, lora_request=LoRARequest("big", make_lora_adapter.make(32, 4)))
+        llm.generate(["x"], params,
+                     lora_request=LoRARequest("big", 1, make_lora_adapter.make(32, 4)))
     with pytest.raises(InvalidAdapter, match="cannot read"):
-        llm.generate(["x"], params, lora_request=LoRARequest("gone", str(tmp_path / "nothing")))
+        llm.generate(["x"], params, lora_request=LoRARequest("gone", 1, str(tmp_path / "nothing")))
     dora = tmp_path / "dora"
     dora.mkdir()
     config = json.loads((Path(adapters["r8"]) / "adapter_config.json").read_text())
@@ -133,6 +134,6 @@ def test_bad_adapters_are_refused_saying_why(llm, make_lora_adapter, tmp_path, a
     (dora / "adapter_model.safetensors").write_bytes(
         (Path(adapters["r8"]) / "adapter_model.safetensors").read_bytes())
     with pytest.raises(InvalidAdapter, match="use_dora"):
-        llm.generate(["x"], params, lora_request=LoRARequest("dora", str(dora)))
+        llm.generate(["x"], params, lora_request=LoRARequest("dora", 1, str(dora)))
     stats = llm.core.stats()
     assert not llm.core.has_unfinished_requests and stats.num_free_blocks == stats.num_blocks

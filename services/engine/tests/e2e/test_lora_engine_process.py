@@ -40,7 +40,7 @@ def offline_tokens(adapter, engine_test_support) -> dict[str | None, list[int]]:
               torch_threads=engine_test_support.torch_threads, enable_lora=True, max_lora_rank=8)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outputs = llm.generate([PROMPT, PROMPT], params,
-                           lora_request=[LoRARequest("tuned", adapter), None])
+                           lora_request=[LoRARequest("tuned", 1, adapter), None])
     return {"tuned": outputs[0].outputs[0].token_ids, None: outputs[1].outputs[0].token_ids}
 
 

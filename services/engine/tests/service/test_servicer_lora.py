@@ -44,7 +44,7 @@ async def test_reading_an_adapter_does_not_hold_up_other_requests(support, monke
 
     monkeypatch.setattr(adapter_store, "read_adapter", slow_read)
     core = support.make_core(max_loras=2)
-    core.loras = AdapterStore(None, max_loras=2, max_rank=8, capacity=4, dtype=None)
+    core.loras = AdapterStore(None, max_rank=8, capacity=4)
     async with support.serve_engine(core) as (engine, stub):
         tuned = asyncio.create_task(_tokens(stub, _request("tuned", "tuned")))
         assert await asyncio.to_thread(reading.wait, 30)

@@ -13,6 +13,12 @@ kept per fused projection in the layout its LoRA layer computes with (lora_linea
 output columns, zero elsewhere; a projection the adapter leaves alone is zeros.
 Anything else PEFT can express (DoRA, biases, modules_to_save, embeddings, lm_head,
 per-module ranks) is refused, naming it.
+
+Reading runs on a worker thread, so it does its arithmetic in numpy and keeps the layout in
+fp32: a torch op that large would open an OpenMP pool on that thread, and a second pool
+stops the engine loop's workers from spinning between a step's regions (docs/performance.md,
+"One thread for the engine's torch work"). The slot copy (lora_slots.py, on the loop
+thread) rounds to the model's dtype.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from conveyor.engine.model.model_config import ModelConfig
@@ -40,6 +47,9 @@ FUSED_PROJECTIONS = {
 """The model's projection -> (its block, the checkpoint projections fused in it, in order)."""
 
 TARGET_MODULES = tuple(p for _, parts in FUSED_PROJECTIONS.values() for p in parts)
+
+PEFT_DEFAULT_ALPHA = 8
+"""LoraConfig's lora_alpha when adapter_config.json leaves it out."""
 
 _WEIGHT_KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
 
@@ -59,7 +69,7 @@ class LoraAdapter:
     rank: int
     target_modules: tuple[str, ...]
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
-    """(layer, fused projection) -> (a, b) in the layout above; only adapted ones."""
+    """(layer, fused projection) -> (a, b) in the layout above, fp32; only adapted ones."""
 
 
 def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -69,8 +79,7 @@ def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, tuple[int, ..
             "gate_up_proj": (hidden, (inter, inter)), "down_proj": (inter, (hidden,))}
 
 
-def read_adapter(name: str, path: str, config: ModelConfig, max_rank: int,
-                 dtype: torch.dtype) -> LoraAdapter:
+def read_adapter(name: str, path: str, config: ModelConfig, max_rank: int) -> LoraAdapter:
     """Read the PEFT adapter in folder `path` for `config`'s model; InvalidAdapter saying
     what is wrong (missing files, an unsupported option, a rank past `max_rank`, a shape
     or layer the model does not have)."""
@@ -82,7 +91,7 @@ def read_adapter(name: str, path: str, config: ModelConfig, max_rank: int,
     if not isinstance(rank, int) or not 1 <= rank <= max_rank:
         raise InvalidAdapter(f"adapter {name!r} has rank {rank}; this engine takes ranks "
                              f"1-{max_rank} (CONVEYOR_ENGINE_MAX_LORA_RANK)")
-    alpha = settings.get("lora_alpha", rank)
+    alpha = settings.get("lora_alpha", PEFT_DEFAULT_ALPHA)
     scaling = alpha / (math.sqrt(rank) if settings.get("use_rslora") else rank)
     from safetensors.torch import load as load_safetensors
 
@@ -91,7 +100,7 @@ def read_adapter(name: str, path: str, config: ModelConfig, max_rank: int,
     except Exception as exc:  # safetensors raises its own error types
         raise InvalidAdapter(f"{folder / WEIGHTS_FILE} is not a safetensors file: {exc}") from exc
     pairs = _pairs(tensors, config.num_hidden_layers)
-    weights = _fused(pairs, config, rank, max_rank, scaling, dtype)
+    weights = _fused(pairs, config, rank, max_rank, scaling)
     key = hashlib.sha256(config_bytes + b"\0" + weights_bytes).hexdigest()
     targets = tuple(m for m in TARGET_MODULES if any(p == m for _, p in pairs))
     return LoraAdapter(name, key, rank, targets, weights)
@@ -128,8 +137,8 @@ def _parse_config(raw: bytes, folder: Path) -> dict:
 
 
 def _pairs(tensors: dict[str, torch.Tensor], num_layers: int
-           ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-    """(layer, checkpoint projection) -> (A [r, in], B [out, r])."""
+           ) -> dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]:
+    """(layer, checkpoint projection) -> (A [r, in], B [out, r]) as fp32 arrays."""
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _WEIGHT_KEY.fullmatch(key)
@@ -139,7 +148,7 @@ def _pairs(tensors: dict[str, torch.Tensor], num_layers: int
         layer = int(match[1])
         if layer >= num_layers:
             raise InvalidAdapter(f"adapter weight {key!r}: the model has {num_layers} layers")
-        halves.setdefault((layer, match[3]), {})[match[4]] = tensor
+        halves.setdefault((layer, match[3]), {})[match[4]] = _as_fp32(key, tensor)
     pairs = {}
     for (layer, module), half in halves.items():
         if set(half) != {"A", "B"}:
@@ -150,9 +159,20 @@ def _pairs(tensors: dict[str, torch.Tensor], num_layers: int
     return pairs
 
 
-def _fused(pairs: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]],
-           config: ModelConfig, rank: int, max_rank: int, scaling: float,
-           dtype: torch.dtype) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+def _as_fp32(key: str, tensor: torch.Tensor) -> np.ndarray:
+    """A checkpoint tensor as an fp32 array, by views and numpy alone (bf16: its bits are
+    the high half of an fp32's)."""
+    if tensor.dtype == torch.bfloat16:
+        bits = tensor.view(torch.int16).numpy().view(np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32)
+    if tensor.dtype in (torch.float32, torch.float16, torch.float64):
+        return tensor.numpy().astype(np.float32)
+    raise InvalidAdapter(f"adapter weight {key!r} is {tensor.dtype}; LoRA weights are floats")
+
+
+def _fused(pairs: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]],
+           config: ModelConfig, rank: int, max_rank: int, scaling: float
+           ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
     """Each adapted (layer, fused projection) in the LoRA layer's layout (module docstring)."""
     shapes = projection_shapes(config)
     fused = {}
@@ -161,8 +181,8 @@ def _fused(pairs: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]],
             if not any((layer, part) in pairs for part in parts):
                 continue
             in_features, outs = shapes[projection]
-            a = torch.zeros(len(parts) * max_rank, in_features, dtype=torch.float32)
-            b = torch.zeros(len(parts) * max_rank, sum(outs), dtype=torch.float32)
+            a = np.zeros((len(parts) * max_rank, in_features), np.float32)
+            b = np.zeros((len(parts) * max_rank, sum(outs)), np.float32)
             column = 0
             for i, (part, out_features) in enumerate(zip(parts, outs, strict=True)):
                 if (layer, part) in pairs:
@@ -170,14 +190,14 @@ def _fused(pairs: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]],
                     _check_shape(layer, part, "A", lora_a, (rank, in_features))
                     _check_shape(layer, part, "B", lora_b, (out_features, rank))
                     rows = slice(i * max_rank, i * max_rank + rank)
-                    a[rows] = lora_a.float()
-                    b[rows, column:column + out_features] = lora_b.float().t() * scaling
+                    a[rows] = lora_a
+                    b[rows, column:column + out_features] = lora_b.T * scaling
                 column += out_features
-            fused[(layer, projection)] = (a.to(dtype), b.to(dtype))
+            fused[(layer, projection)] = (torch.from_numpy(a), torch.from_numpy(b))
     return fused
 
 
-def _check_shape(layer: int, part: str, half: str, tensor: torch.Tensor,
+def _check_shape(layer: int, part: str, half: str, tensor: np.ndarray,
                  shape: tuple[int, int]) -> None:
     if tuple(tensor.shape) != shape:
         raise InvalidAdapter(f"layer {layer} {part} lora_{half} has shape {tuple(tensor.shape)}, "

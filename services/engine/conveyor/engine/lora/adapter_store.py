@@ -12,8 +12,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-import torch
-
 from conveyor.engine.lora.adapter import InvalidAdapter, LoraAdapter, read_adapter
 from conveyor.engine.model.model_config import ModelConfig
 
@@ -21,13 +19,10 @@ MAX_NAME_LENGTH = 128
 
 
 class AdapterStore:
-    def __init__(self, model_config: ModelConfig, max_loras: int, max_rank: int,
-                 capacity: int, dtype: torch.dtype) -> None:
+    def __init__(self, model_config: ModelConfig, max_rank: int, capacity: int) -> None:
         self.model_config = model_config
-        self.max_loras = max_loras
         self.max_rank = max_rank
         self.capacity = capacity
-        self.dtype = dtype
         self._held: OrderedDict[str, tuple[str, LoraAdapter]] = OrderedDict()
         """Name -> (the path it was read from, the adapter)."""
         self._lock = threading.Lock()
@@ -52,7 +47,7 @@ class AdapterStore:
             return held
         if not path:
             raise InvalidAdapter(f"adapter {name!r} is not loaded and no path was given")
-        adapter = read_adapter(name, path, self.model_config, self.max_rank, self.dtype)
+        adapter = read_adapter(name, path, self.model_config, self.max_rank)
         with self._lock:
             self._held[name] = (path, adapter)
             self._held.move_to_end(name)

@@ -22,6 +22,7 @@ import functools
 import logging
 from types import ModuleType
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -78,23 +79,25 @@ class LoraBatch:
         """Per slot in the step: (slot, its rows; None when it has every row)."""
         self.native: ModuleType | None = None
         """The native kernel when this step takes it."""
+        self.device = device
         self._kernel = (native_kernel() if device.type == "cpu" and KERNEL != "torch"
                         else None)
 
-    def set_step(self, token_slots: torch.Tensor | None) -> None:
-        """`token_slots` [T]: each row's slot, -1 for the base model (None: no adapters)."""
-        self.token_slots = token_slots
+    def set_step(self, slots: np.ndarray | None) -> None:
+        """`slots` [T]: each row's slot, -1 for the base model (None: no adapters); the
+        groups are found on the host, so a GPU step does not wait for the device here."""
+        self.token_slots = None if slots is None else torch.from_numpy(slots).to(self.device)
         self.groups = []
         self.native = None
-        if token_slots is None:
+        if slots is None:
             return
-        if self._kernel is not None and len(token_slots) <= NATIVE_MAX_ROWS:
+        if self._kernel is not None and len(slots) <= NATIVE_MAX_ROWS:
             self.native = self._kernel
             return
-        for slot in torch.unique(token_slots).tolist():
-            if slot >= 0:
-                rows = (token_slots == slot).nonzero().squeeze(1)
-                self.groups.append((slot, None if len(rows) == len(token_slots) else rows))
+        for slot in np.unique(slots[slots >= 0]).tolist():
+            rows = np.flatnonzero(slots == slot)
+            self.groups.append((slot, None if len(rows) == len(slots) else
+                                torch.from_numpy(rows).to(self.device)))
 
 
 class LoraLinear(nn.Module):

@@ -26,7 +26,6 @@ class LoraSlots:
     def __init__(self, model: LlamaForCausalLM, max_loras: int, max_rank: int,
                  dtype: torch.dtype, device: torch.device) -> None:
         self.batch = LoraBatch(max_loras, max_rank, device)
-        self.device = device
         self.projections = attach_lora(model, self.batch, dtype, device)
         self._held: OrderedDict[str, int] = OrderedDict()
         """Adapter key -> its slot, least recently used first."""
@@ -40,7 +39,7 @@ class LoraSlots:
             self.batch.set_step(None)
             return
         query_lens = np.fromiter((len(r.token_ids) for r in requests), np.int64, len(requests))
-        self.batch.set_step(torch.from_numpy(np.repeat(slots, query_lens)).to(self.device))
+        self.batch.set_step(np.repeat(slots, query_lens))
 
     def _slot_of(self, adapter: LoraAdapter | None, requests: list[ScheduledRequest]) -> int:
         if adapter is None:

@@ -94,7 +94,7 @@ async def _require_admin(pipeline: Pipeline, headers: Mapping[str, str]) -> None
 async def _load(pipeline: Pipeline, record: AdapterRecord) -> dict:
     """Have one engine read the adapter, then add it to the catalog."""
     base = await pipeline.catalog.model()
-    if record.name == base.name:
+    if record.name in (base.name, base.backend_name):
         raise bad_request(f"`{record.name}` is the base model's name.", "lora_name")
     if await pipeline.catalog.adapters.get(record.name) is not None:
         raise _already_loaded(record.name)

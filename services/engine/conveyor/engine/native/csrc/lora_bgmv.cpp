@@ -162,16 +162,18 @@ void lora_bgmv_(torch::Tensor y, const torch::Tensor& x, const torch::Tensor& a,
   check_rows(a, "a", dtype);
   check_rows(b, "b", dtype);
   TORCH_CHECK(a.is_contiguous() && b.is_contiguous(), "a and b must be contiguous");
-  TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.is_contiguous() &&
+  TORCH_CHECK(slots.device().is_cpu() && slots.scalar_type() == torch::kInt64 &&
+                  slots.is_contiguous() &&
                   slots.dim() == 1 && slots.size(0) == x.size(0),
-              "slots must be int64 [T], one per row of x");
-  TORCH_CHECK(ranks.scalar_type() == torch::kInt64 && ranks.is_contiguous(),
-              "ranks must be int64 [S]");
+              "slots must be int64 [T] on the CPU, one per row of x");
+  TORCH_CHECK(ranks.device().is_cpu() && ranks.scalar_type() == torch::kInt64 &&
+                  ranks.is_contiguous(),
+              "ranks must be int64 [S] on the CPU");
   TORCH_CHECK(!slice_outs.empty() && max_rank > 0, "need slice_outs and max_rank > 0");
   Shape s{x.size(1), y.size(1), max_rank, slice_outs};
   const int64_t width = static_cast<int64_t>(slice_outs.size()) * max_rank;
   int64_t total_out = 0;
-  for (int64_t width : slice_outs) total_out += width;
+  for (int64_t slice_out : slice_outs) total_out += slice_out;
   TORCH_CHECK(y.size(0) == x.size(0) && total_out == s.out, "y must be [T, sum(slice_outs)]");
   TORCH_CHECK(a.size(1) == s.in && b.size(1) == s.out && a.size(0) == b.size(0) &&
                   a.size(0) % width == 0 && ranks.size(0) == a.size(0) / width,
