@@ -4,6 +4,7 @@ when resumed mid-JSON; max_tokens cuts with finish "length"; a bad schema is ref
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import re
@@ -91,6 +92,11 @@ def test_every_kind_greedy_and_seeded_is_valid_even_when_preempted(llm):
     sampling = [params(CASES[name][1], temperature=0.0) if i % 2 == 0 else
                 params(CASES[name][1], temperature=1.0, seed=i)
                 for i, name in enumerate(names)]
+    # Every grammar compiled and cached first, so that all requests are ready at the first
+    # step whatever the load (else compiles finishing one by one stagger the admissions, and
+    # the pool may never run short).
+    llm.generate(prompts, [dataclasses.replace(p, max_tokens=1) for p in sampling],
+                 use_tqdm=False)
     before = llm.core.stats().num_preemptions
     outputs = llm.generate(prompts, sampling, use_tqdm=False)
     assert llm.core.stats().num_preemptions > before
