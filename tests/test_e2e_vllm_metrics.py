@@ -5,6 +5,7 @@ on request_success) and, for the latency histograms, vLLM's buckets."""
 from __future__ import annotations
 
 import asyncio
+import time
 import urllib.request
 
 import grpc
@@ -61,9 +62,19 @@ def scraped(module_launch) -> dict:
                     pass
 
     asyncio.run(serve_two())
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {family.name: family for family in text_string_to_metric_families(text)
-            if family.name.startswith(("vllm:", "conveyor:"))}
+    # The loop records a step's counters after it hands out the step's tokens: wait (with a
+    # deadline) for the last step to be counted, both requests finished, before reading.
+    deadline = time.monotonic() + 10
+    while True:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                      timeout=10).read().decode()
+        families = {family.name: family for family in text_string_to_metric_families(text)
+                    if family.name.startswith(("vllm:", "conveyor:"))}
+        finished = sum(s.value for s in families["vllm:request_success"].samples
+                       if s.name == "vllm:request_success_total")
+        if finished >= 2 or time.monotonic() > deadline:
+            return families
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
