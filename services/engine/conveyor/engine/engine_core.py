@@ -360,10 +360,17 @@ class EngineCore:
             prefix_cache_queries=stats.num_prefix_query_tokens,
             prefix_cache_hits=stats.num_prefix_hit_tokens,
             num_preemptions=stats.num_preemptions,
-            lora_adapters=self.loras.names() if self.loras is not None else (),
-            running_lora_adapters=_adapter_names(self.scheduler.running),
-            waiting_lora_adapters=_adapter_names(self.scheduler.waiting),
+            **self._lora_stats(),
         )
+
+    def _lora_stats(self) -> dict[str, tuple[str, ...]]:
+        """The adapters held, running and waiting; nothing when LoRA is off (no walk over
+        the queues every step)."""
+        if self.loras is None:
+            return {}
+        return {"lora_adapters": self.loras.names(),
+                "running_lora_adapters": _adapter_names(self.scheduler.running),
+                "waiting_lora_adapters": _adapter_names(self.scheduler.waiting)}
 
     @property
     def _num_held_siblings(self) -> int:

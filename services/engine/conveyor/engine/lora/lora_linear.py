@@ -44,11 +44,9 @@ row, which beats two GEMM calls per adapter until a step has many rows per adapt
 def load_lora_kernel() -> ModuleType:
     """The compiled kernel (built first if need be); NativeBuildError when it cannot be
     built here (no compiler or ninja, a CPU without AVX2)."""
-    from conveyor.engine.native import CPU_CFLAGS, NativeBuildError, load_extension
+    from conveyor.engine.native import CPU_CFLAGS, load_extension, require_avx2
 
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        raise NativeBuildError("the LoRA kernel is built for AVX2; this CPU's torch "
-                               f"capability is {torch.backends.cpu.get_cpu_capability()}")
+    require_avx2("the LoRA kernels")
     return load_extension(EXTENSION, ("lora_bgmv.cpp",), CPU_CFLAGS)
 
 

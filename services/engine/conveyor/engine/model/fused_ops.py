@@ -37,11 +37,9 @@ the CPU has it)."""
 def load_fused_ops() -> ModuleType:
     """The compiled ops (built first if need be); raises NativeBuildError when they
     cannot be built here (no compiler or ninja, a CPU without AVX2)."""
-    from conveyor.engine.native import CPU_CFLAGS, NativeBuildError, load_extension
+    from conveyor.engine.native import CPU_CFLAGS, load_extension, require_avx2
 
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        raise NativeBuildError("the fused layer ops are built for AVX2; this CPU's torch "
-                               f"capability is {torch.backends.cpu.get_cpu_capability()}")
+    require_avx2("the fused layer ops")
     return load_extension(EXTENSION, SOURCES, (*CPU_CFLAGS, *EXTRA_CFLAGS))
 
 

@@ -70,10 +70,9 @@ class FormatUnavailable(RuntimeError):
 
 def load_block_kernels():
     """The C++ block kernels, built on first use; raises NativeBuildError saying why not."""
-    from conveyor.engine.native import CPU_CFLAGS, NativeBuildError, load_extension
+    from conveyor.engine.native import CPU_CFLAGS, load_extension, require_avx2
 
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        raise NativeBuildError("the block kernels need AVX2 and this CPU lacks it")
+    require_avx2("the block kernels")
     return load_extension(_EXTENSION, ["block_quant_linear.cpp", "rows8_i8_linear.cpp"],
                           extra_cflags=(*CPU_CFLAGS, *_CFLAGS_EXTRA))
 

@@ -6,6 +6,8 @@ from conveyor.engine.native.loader import (
     NativeBuildError,
     cache_root,
     load_extension,
+    require_avx2,
 )
 
-__all__ = ["CPU_CFLAGS", "CSRC", "NativeBuildError", "cache_root", "load_extension"]
+__all__ = ["CPU_CFLAGS", "CSRC", "NativeBuildError", "cache_root", "load_extension",
+           "require_avx2"]

@@ -39,6 +39,15 @@ class NativeBuildError(RuntimeError):
     """An extension could not be built or imported; the message says why."""
 
 
+def require_avx2(what: str) -> None:
+    """NativeBuildError naming `what` when torch sees no AVX2 on this CPU (the extensions are
+    built for AVX2 + FMA at least)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        raise NativeBuildError(f"{what} are built for AVX2; this CPU's torch capability is "
+                               f"{capability}")
+
+
 def cache_root() -> Path:
     """CONVEYOR_NATIVE_DIR, default ~/.cache/conveyor/native."""
     default = Path.home() / ".cache" / "conveyor" / "native"
