@@ -171,6 +171,6 @@ def render_peers(peers: dict, doc: Path, img_dir: Path, inproc: dict | None = No
     out += _left_out(peers)
     levers = levers_rows(performance_md) if performance_md else []
     if len(levers) > 2:
-        out += ["### Levers tried", "", "From docs/performance.md (each lever's section there "
-                "has the details).", "", *levers, ""]
+        out += ["### Levers tried", "", "From docs/performance.md (its \"What was learned\" "
+                "section has the context).", "", *levers, ""]
     return out
