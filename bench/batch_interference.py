@@ -31,7 +31,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from bench.serving.client import send_completion  # noqa: E402
 from bench.suite.targets import ensure_redis  # noqa: E402
-from conveyor.common.testing import ServiceProcess  # noqa: E402
+from devkit.service_process import ServiceProcess  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 TOKEN = "bench-batch-token"

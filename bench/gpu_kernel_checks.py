@@ -1,6 +1,6 @@
 """gpu_check part 1: the `triton` backend's KV store and attention against `torch`.
 
-Random paged steps (conveyor.engine.attention.random_step): ragged decode, one sequence
+Random paged steps (devkit.random_step): ragged decode, one sequence
 over many blocks, and mixed steps (first prefill chunks longer than one query tile,
 chunks after a prefix hit, decode rows), in each dtype. The store must be bit-exact;
 attention within a tolerance for the dtype.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch and triton are imported after TRITON_INTERPRET is decided
-    from conveyor.engine.attention.random_step import RandomStep
+    from devkit.random_step import RandomStep
 
 TOLERANCE = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-2}
 """Attention passes when |triton - torch| <= tol * (1 + |torch|) everywhere: a few units in
@@ -73,7 +73,7 @@ def gpu_cases() -> list[Case]:
 
 def random_step(case: Case, dtype, device: str, seed: int = 0) -> RandomStep:
     """The engine's random paged step for `case`, on `device`."""
-    from conveyor.engine.attention.random_step import random_step as engine_random_step
+    from devkit.random_step import random_step as engine_random_step
 
     return engine_random_step(block_size=case.block_size, num_kv_heads=case.num_kv_heads,
                               group=case.group, head_dim=case.head_dim, seqs=case.seqs,

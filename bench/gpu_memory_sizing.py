@@ -58,7 +58,7 @@ def run_sizing(dtype: str) -> SizingResult:
 
     from conveyor.engine.worker.kv_sizing import GIB
     from conveyor.engine.worker.model_runner import ModelRunner
-    from conveyor.engine.worker.random_model import random_llama
+    from devkit.random_model import random_llama
 
     model = random_llama(SHAPE, dtype=getattr(torch, dtype), device="cuda",
                          attention_backend="triton")

@@ -1,7 +1,7 @@
 """gpu_check part 3: offline decode-step throughput, CUDA graphs on and off.
 
 The model runner (triton attention) on random weights of named Llama shapes
-(conveyor.engine.worker.random_model): B requests, each CONTEXT tokens into its
+(devkit.random_model): B requests, each CONTEXT tokens into its
 sequence, take one decode step after another (block tables point into a pool of their
 own; the values there do not change the cost). A step is timed from SchedulerOutput
 to sampled tokens (greedy), so the host-side build and the sampler's read count too;
@@ -95,8 +95,8 @@ def make_runner(shape: str, plan: Plan):
     import torch
 
     from conveyor.engine.worker.model_runner import ModelRunner
-    from conveyor.engine.worker.random_model import random_llama
     from conveyor.engine.worker.runner_config import RunnerConfig
+    from devkit.random_model import random_llama
 
     largest = max(plan.batches)
     model = random_llama(shape, dtype=getattr(torch, plan.dtype), device=plan.device,

@@ -46,8 +46,8 @@ if str(REPO_ROOT) not in sys.path:
 from bench.serving.client import parse_sse_line  # noqa: E402
 from bench.suite.targets import ensure_redis  # noqa: E402
 from conveyor.common.grpc_client import open_channel  # noqa: E402
-from conveyor.common.testing import ServiceProcess  # noqa: E402
 from conveyor.v1 import engine_pb2, engine_pb2_grpc  # noqa: E402
+from devkit.service_process import ServiceProcess  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 REDIS_URL = os.environ.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0")

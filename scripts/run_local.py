@@ -17,7 +17,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conveyor.common.testing import ServiceProcess
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # devkit: the repository's dev-only helpers
+    sys.path.insert(0, str(REPO_ROOT))
+
+from devkit.service_process import ServiceProcess  # noqa: E402
 
 LOG_DIR = Path(os.environ.get("CONVEYOR_LOG_DIR", ".run-logs"))
 BATCH_TOKEN = secrets.token_urlsafe(24)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.common.testing import ServiceProcess
+from devkit.service_process import ServiceProcess
 
 REDIS_URL = os.environ.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0")
 MODEL = "smollm2-135m-instruct"

@@ -33,9 +33,9 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from conveyor.common.testing import ServiceProcess
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
 from conveyor.gateway.tenancy.tiers import build_tiers
+from devkit.service_process import ServiceProcess
 
 pytestmark = pytest.mark.slow
 

@@ -32,10 +32,10 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from conveyor.common import replica_processes as rp
 from conveyor.common.engine_registry import EngineRegistry
 from conveyor.common.service_registry import ReplicaEntry, ServiceRegistry
-from conveyor.common.testing import ServiceProcess
+from devkit import replica_processes as rp
+from devkit.service_process import ServiceProcess
 
 pytestmark = pytest.mark.slow
 

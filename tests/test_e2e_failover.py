@@ -21,14 +21,14 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from conveyor.common.replica_processes import (
+from conveyor.common.service_registry import ReplicaEntry, ServiceRegistry
+from devkit.replica_processes import (
     MODEL,
     replica_calls,
     replica_process,
     start_all,
     stop_all,
 )
-from conveyor.common.service_registry import ReplicaEntry, ServiceRegistry
 
 pytestmark = pytest.mark.slow
 

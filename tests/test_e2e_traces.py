@@ -19,7 +19,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from redis import Redis
 
-from conveyor.common.testing import ServiceProcess
+from devkit.service_process import ServiceProcess
 
 pytestmark = pytest.mark.slow
 
@@ -158,7 +158,7 @@ async def test_one_chat_is_one_trace_across_the_four_services(traced_stack, rece
     usage = response.json()["usage"]
     trace = await _wait_for_trace(receiver, {
         f"chat {MODEL}", "POST /v1/chat/completions", "conveyor.v1.Tokenizer/Render",
-        "conveyor.v1.Engine/Generate", "conveyor.v1.Detokenizer/Detokenize",
+        "conveyor.v1.Engine/Generate", "conveyor.v1.Detokenizer/Generate",
         f"text_completion {MODEL}", "queue", "prefill", "decode"})
     assert {s.service for s in trace} == set(SERVICES), sorted((s.service, s.name) for s in trace)
 
@@ -178,6 +178,11 @@ async def test_one_chat_is_one_trace_across_the_four_services(traced_stack, rece
     [engine] = [s for s in trace if s.name == f"text_completion {MODEL}"]
     assert engine.service == "conveyor-engine"
     assert by_id[engine.parent_id].name == "conveyor.v1.Engine/Generate"
+    # tokens flow one way: the gateway calls detok, whose call opens the engine's stream
+    path = [(a.service, a.name) for a in _ancestors(engine, by_id)]
+    assert path[:3] == [("conveyor-engine", "conveyor.v1.Engine/Generate"),
+                        ("conveyor-detok", "conveyor.v1.Detokenizer/Generate"),
+                        ("conveyor-gateway", "POST /v1/chat/completions")], path
     assert engine.attributes.items() >= {
         "gen_ai.operation.name": "text_completion", "gen_ai.request.model": MODEL,
         "gen_ai.request.max_tokens": 4, "gen_ai.usage.input_tokens": usage["prompt_tokens"],
@@ -186,6 +191,15 @@ async def test_one_chat_is_one_trace_across_the_four_services(traced_stack, rece
     }.items()
     phases = sorted(s.name for s in trace if s.parent_id == engine.span_id)
     assert phases[0] == "decode" and phases[-1] == "queue" and "prefill" in phases
+
+
+def _ancestors(span: ReceivedSpan, by_id: dict[str, ReceivedSpan]) -> list[ReceivedSpan]:
+    """The spans above `span`, nearest first."""
+    found = []
+    while span.parent_id in by_id:
+        span = by_id[span.parent_id]
+        found.append(span)
+    return found
 
 
 def _root_of(span: ReceivedSpan, by_id: dict[str, ReceivedSpan]) -> ReceivedSpan | None:

@@ -81,13 +81,12 @@ def _makefile_variable(name: str) -> str:
 
 def _modules(service: str) -> list[str]:
     """Every module under the project's conveyor/<name> package, `__main__`s left out
-    (they run their command on import: the entry points run them) and common's no_torch
-    folder (a PYTHONPATH entry, not a module)."""
+    (they run their command on import: the entry points run them)."""
     project = _project(service)
     names = []
     for path in sorted((project / "conveyor" / service).rglob("*.py")):
         parts = path.relative_to(project).with_suffix("").parts
-        if parts[-1] == "__main__" or "no_torch" in parts:
+        if parts[-1] == "__main__":
             continue
         names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return names

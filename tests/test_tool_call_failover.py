@@ -1,9 +1,7 @@
-"""Tool calls survive a detok replica's death: the gateway's DetokStream over two real
-Detokenizer servicers (real gRPC, the bundled tokenizer) is rebuilt on the second when
-the first stops mid-call, and the caller gets each call's header once and its arguments
-exactly, as from a stream that never broke; and a replica that stops while tokens are
-going out to it (grpc then fails the send with a local INTERNAL, not UNAVAILABLE) is
-replaced the same way."""
+"""Tool calls survive a detok replica's death: a choice over two real Detokenizer
+servicers (real gRPC, the bundled tokenizer) fed by an engine that streams a scripted
+text resumes on the second replica when the first stops mid-call, and the caller gets
+each call's header once and its arguments exactly, as from a stream that never broke."""
 
 from __future__ import annotations
 
@@ -11,17 +9,45 @@ import asyncio
 
 import pytest
 
-from conveyor.common.grpc_server import start_grpc_server
+from conveyor.common.grpc_client import Channels
+from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
 from conveyor.common.models import load_tokenizer, resolve_model
 from conveyor.common.replica_set import ReplicaSet
 from conveyor.common.settings import ServiceSettings
 from conveyor.detok.server import registration
+from conveyor.gateway.generation import ChoiceStream
 from conveyor.gateway.text_services import DetokClient
-from conveyor.gateway.wire import DetokOptions, ToolCallFormat, ToolCallParsing
+from conveyor.gateway.wire import (
+    DetokOptions,
+    GenerateJob,
+    SamplingOptions,
+    ToolCallFormat,
+    ToolCallParsing,
+)
+from conveyor.v1 import engine_pb2, engine_pb2_grpc
 
 TEXT = ('I will check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
         '\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET", '
         '"format": "24h"}}\n</tool_call>')
+
+
+class ScriptedEngine(engine_pb2_grpc.EngineServicer):
+    """Streams `token_ids` after the request's resume_output_token_ids, one a chunk,
+    `delay_s` apart; `requests` are the requests it got."""
+
+    def __init__(self, token_ids: list[int], delay_s: float = 0.02):
+        self.token_ids, self.delay_s, self.requests = token_ids, delay_s, []
+
+    async def Generate(self, request, context):
+        self.requests.append(request)
+        start = len(request.resume_output_token_ids)
+        for i in range(start, len(self.token_ids)):
+            await asyncio.sleep(self.delay_s)
+            last = i == len(self.token_ids) - 1
+            yield engine_pb2.GenerateResponse(
+                token_ids=[self.token_ids[i]],
+                finish_reason=engine_pb2.FINISH_REASON_STOP if last else 0,
+                usage=engine_pb2.Usage(prompt_tokens=1, completion_tokens=i + 1))
 
 
 @pytest.fixture(scope="module")
@@ -30,79 +56,50 @@ def tokenizer():
 
 
 @pytest.fixture
-async def detoks(tokenizer):
-    servers = [await start_grpc_server(ServiceSettings(port=0), [registration(tokenizer)])
-               for _ in range(2)]
-    yield servers
-    for server in servers:
+async def stack(tokenizer):
+    """A scripted engine and two detok replicas; yields (engine, its address, detoks)."""
+    engine = ScriptedEngine(tokenizer.encode(TEXT))
+    engine_server = await start_grpc_server(ServiceSettings(port=0), [ServiceRegistration(
+        "conveyor.v1.Engine", engine_pb2_grpc.add_EngineServicer_to_server, engine)])
+    channels = Channels()
+    detoks = [await start_grpc_server(ServiceSettings(port=0),
+                                      [registration(tokenizer, channels)]) for _ in range(2)]
+    yield engine, f"127.0.0.1:{engine_server.port}", detoks
+    for server in [engine_server, *detoks]:
         await server.server.stop(grace=None)
+    await channels.close()
 
 
-async def _read(stream, replies, until) -> tuple[str, dict]:
-    """Content and calls ({index: [id, name, arguments]}) from replies until `until` says."""
+async def _whole(stack, replicas: list, stop_first_when=None) -> tuple[str, dict]:
+    """Content and calls ({index: [id, name, arguments]}) of one choice read to its end;
+    the replica picked first is stopped once `stop_first_when(content, calls)` says."""
+    _, engine_address, _ = stack
+    detok = DetokClient(ReplicaSet("detok", None, [f"127.0.0.1:{s.port}" for s in replicas]))
+    job = GenerateJob("chatcmpl-x-0", [1], SamplingOptions(max_tokens=500))
+    options = DetokOptions("chatcmpl-x-0", tool_calls=ToolCallParsing(ToolCallFormat.HERMES))
+    source = await detok.generate(engine_address, job, options, [])
+    first = next(s for s in replicas if source.replica.endswith(f":{s.port}"))
+    choice = ChoiceStream(source, ("e", engine_address), detok, job, options)
     content, calls = "", {}
-    async for reply in replies:
-        content += reply.text_delta
-        for piece in reply.tool_calls:
+    while (delta := await choice.next_delta()) is not None:
+        content += delta.text
+        for piece in delta.tool_calls:
             if piece.id:
                 assert piece.index not in calls, "a call's header came twice"
                 calls[piece.index] = [piece.id, piece.name, ""]
-            else:
-                calls[piece.index][2] += piece.arguments
-        if until(content, calls):
-            break
+            calls[piece.index][2] += piece.arguments
+        if stop_first_when is not None and stop_first_when(content, calls):
+            stop_first_when = None
+            await first.server.stop(grace=None)
+    await detok.close()
     return content, calls
 
 
-async def _whole(detoks, token_ids, cut=None) -> tuple[str, dict]:
-    replicas = ReplicaSet("detok", None, [f"127.0.0.1:{s.port}" for s in detoks])
-    options = DetokOptions("chatcmpl-x-0", tool_calls=ToolCallParsing(ToolCallFormat.HERMES))
-    stream = DetokClient(replicas).open(options)
-    replies = stream.replies().__aiter__()
-    content, calls = "", {}
-    if cut is not None:
-        stream.send_tokens(token_ids[:cut])
-        content, calls = await _read(stream, replies, lambda _, c: 0 in c)  # the first call
-        await detoks[0].server.stop(grace=None)  # the replica the first pick chose
-        token_ids = token_ids[cut:]
-    stream.send_tokens(token_ids)
-    stream.finish()
-    more_content, more_calls = await _read(stream, replies, lambda *_: False)
-    for index, (call_id, name, arguments) in more_calls.items():
-        calls.setdefault(index, [call_id, name, ""])[2] += arguments
-    await replicas.close()
-    return content + more_content, calls
-
-
-async def test_tool_calls_come_once_and_whole_across_a_rebuilt_stream(detoks, tokenizer):
-    token_ids = tokenizer.encode(TEXT)
-    second_call = TEXT.index('{"zone"')
-    cut = next(i for i in range(len(token_ids))
-               if len(tokenizer.decode(token_ids[:i])) > second_call)  # inside call 2
-    expected = await _whole(detoks[1:], token_ids)
+async def test_tool_calls_come_once_and_whole_across_a_resumed_stream(stack):
+    engine, _, detoks = stack
+    expected = await _whole(stack, detoks[1:])
     assert expected[0] == "I will check."
     assert [c[1] for c in expected[1].values()] == ["get_weather", "get_time"]
-    assert await _whole(detoks, token_ids, cut) == expected
-
-
-async def test_a_replica_stopped_while_tokens_go_out_is_replaced(tokenizer):
-    token_ids = tokenizer.encode("The weather in Paris is mild today, with light rain later. " * 16)
-    for _ in range(4):  # the send fails locally in most tries, the read first in the rest
-        servers = [await start_grpc_server(ServiceSettings(port=0), [registration(tokenizer)])
-                   for _ in range(2)]
-        replicas = ReplicaSet("detok", None, [f"127.0.0.1:{s.port}" for s in servers])
-        stream = DetokClient(replicas).open(DetokOptions("cmpl-x-0"))
-        replies = stream.replies().__aiter__()
-        stream.send_tokens(token_ids[:2])
-        text = (await replies.__anext__()).text_delta
-        stopping = asyncio.ensure_future(servers[0].server.stop(grace=None))
-        for token_id in token_ids[2:]:
-            stream.send_tokens([token_id])
-            await asyncio.sleep(0)
-        stream.finish()
-        async for reply in replies:
-            text += reply.text_delta
-        await stopping
-        await replicas.close()
-        await servers[1].server.stop(grace=None)
-        assert text == tokenizer.decode(token_ids)
+    assert await _whole(stack, detoks, lambda _, calls: 0 in calls) == expected
+    resumed = engine.requests[-1]
+    assert len(resumed.resume_output_token_ids) > 0  # the second replica went on after them

@@ -67,7 +67,7 @@ def conveyor_installed() -> list[str]:
 
 
 def _service(module: str, env: dict[str, str], log_dir: Path):
-    from conveyor.common.testing import ServiceProcess
+    from devkit.service_process import ServiceProcess
 
     name = module.rsplit(".", 1)[-1]
     return ServiceProcess(module, env=env, name=name, log_path=log_dir / f"{name}.log")
@@ -75,10 +75,9 @@ def _service(module: str, env: dict[str, str], log_dir: Path):
 
 def _torch_free_env() -> dict[str, str]:
     """The tokenizer and detok run without torch, as their containers do."""
-    from conveyor.common import testing
+    from devkit.service_process import without_torch_env
 
-    helper = getattr(testing, "without_torch_env", None)
-    return helper() if helper else {}
+    return without_torch_env()
 
 
 def ensure_redis() -> None:

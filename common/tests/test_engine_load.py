@@ -1,4 +1,5 @@
-"""EngineLoad's waiting-queue fields: the fullness test and reading entries of newer engines."""
+"""EngineLoad's waiting-queue fields: the fullness test, reading Stats answers and entries of
+newer engines."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import pytest
 
 from conveyor.common.engine_registry import EngineEntry, EngineLoad
+from conveyor.v1 import engine_pb2
 
 
 @pytest.mark.parametrize(("load", "full"), [
@@ -18,6 +20,16 @@ from conveyor.common.engine_registry import EngineEntry, EngineLoad
 ])
 def test_is_waiting_full(load, full):
     assert load.is_waiting_full is full
+
+
+def test_a_stats_answer_gives_every_load_field():
+    message = engine_pb2.EngineStats(
+        num_running=1, num_waiting=2, kv_usage=0.5, num_free_blocks=3, num_blocks=4,
+        num_waiting_tokens=40, max_num_waiting_seqs=8, max_num_waiting_tokens=512,
+        lora_adapters=["sql"], prefix_cache_hit_rate=0.25, num_requests_shed=7)
+    assert EngineLoad.from_stats(message) == EngineLoad(
+        1, 2, 0.5, num_free_blocks=3, num_blocks=4, num_waiting_tokens=40,
+        max_num_waiting_seqs=8, max_num_waiting_tokens=512, lora_adapters=("sql",))
 
 
 def test_an_entry_round_trips_and_unknown_load_fields_are_ignored():

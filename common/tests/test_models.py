@@ -14,7 +14,7 @@ from conveyor.common.models import (
     max_model_len_of,
     resolve_model,
 )
-from conveyor.common.testing import without_torch_env
+from devkit.service_process import without_torch_env
 
 
 def test_bundled_name_resolves_to_the_packaged_gguf(tmp_path, monkeypatch):

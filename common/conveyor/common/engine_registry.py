@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 
@@ -30,6 +31,9 @@ from conveyor.common.service_registry import (
     require_decoded_responses,
 )
 
+if TYPE_CHECKING:
+    from conveyor.v1 import engine_pb2
+
 __all__ = ["DEFAULT_INTERVAL_S", "DEFAULT_TTL_S", "EngineEntry", "EngineHeartbeat",
            "EngineLoad", "EngineRegistry", "require_decoded_responses"]
 
@@ -38,8 +42,9 @@ SERVICE = "engines"
 
 @dataclass(slots=True, frozen=True)
 class EngineLoad:
-    """An engine's load: at its last heartbeat (registry), or as its Stats answered
-    (the gateway's static engines, tests). The one load type of every service."""
+    """An engine's load as its Stats answers it (`from_stats`): at its last heartbeat
+    (registry), or as the gateway's static engines asked. The one load type of every
+    service."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -66,6 +71,13 @@ class EngineLoad:
         """One more waiting request would pass a bound (as of this snapshot)."""
         return 0 < self.max_num_waiting_seqs <= self.num_waiting or \
             0 < self.max_num_waiting_tokens <= self.num_waiting_tokens
+
+    @classmethod
+    def from_stats(cls, message: engine_pb2.EngineStats) -> EngineLoad:
+        """The load of an engine's Stats answer (engine.proto's EngineStats, whose field
+        names these are): the one conversion, for the engine's heartbeat and the gateway's
+        static engines alike, so both see every field."""
+        return cls.from_dict({f.name: getattr(message, f.name) for f in fields(cls)})
 
     @classmethod
     def from_dict(cls, data: dict) -> EngineLoad:

@@ -4,6 +4,10 @@ the gateway can map a status to the right OpenAI error code."""
 ERROR_REASON_KEY = "conveyor-error-reason"
 """Trailing metadata key whose value is one of the reasons below."""
 
+ERROR_SERVICE_KEY = "conveyor-error-service"
+"""Trailing metadata key naming the service whose failure a relaying service passes on
+(detok passes on its engine's: "engine"); absent: the failure is the callee's own."""
+
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 """prompt tokens + max_tokens > max_model_len; the message names both numbers."""
 

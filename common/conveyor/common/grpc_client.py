@@ -58,6 +58,35 @@ def open_channel(target: str, keepalive: Keepalive = DEFAULT_KEEPALIVE) -> grpc.
     )
 
 
+class Channels:
+    """A lazy {address: channel} cache, one keepalive for all; `close()` closes every
+    channel opened."""
+
+    def __init__(self, keepalive: Keepalive = DEFAULT_KEEPALIVE):
+        self._keepalive = keepalive
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """The channel to `address` (host:port); never awaits."""
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = open_channel(address, self._keepalive)
+        return channel
+
+    @property
+    def addresses(self) -> list[str]:
+        """The addresses with an open channel."""
+        return list(self._channels)
+
+    async def close_one(self, address: str) -> None:
+        """Close the channel to `address` (calls still on it end)."""
+        await self._channels.pop(address).close()
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+
+
 async def is_serving(channel: grpc.aio.Channel, service: str = "", timeout_s: float = 2.0) -> bool:
     """True when the peer's grpc.health.v1 reports SERVING for `service`."""
     stub = health_pb2_grpc.HealthStub(channel)

@@ -27,7 +27,7 @@ from typing import TypeVar
 import grpc
 from redis.exceptions import RedisError
 
-from conveyor.common.grpc_client import DEFAULT_KEEPALIVE, Keepalive, is_serving, open_channel
+from conveyor.common.grpc_client import DEFAULT_KEEPALIVE, Channels, Keepalive, is_serving
 from conveyor.common.left_out import LeftOut
 from conveyor.common.service_registry import DEFAULT_TTL_S, ReplicaEntry, ServiceRegistry
 
@@ -94,12 +94,11 @@ class ReplicaSet:
         self._registry = registry
         self._static = list(static_addresses)
         self._refresh_s = refresh_s
-        self._keepalive = keepalive
         self._addresses: list[str] = list(static_addresses)
         self._listed = asyncio.Event()
         self._refresher: asyncio.Task[None] | None = None
         self._left_out = LeftOut(unreachable_for_s)
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = Channels(keepalive)
         self._left_at: dict[str, float] = {}
         self._retire_after_s = retire_after_s
         self._registry_down = False
@@ -126,7 +125,7 @@ class ReplicaSet:
         self._num_picks += 1
         if self._on_pick is not None:
             self._on_pick(address)
-        return Replica(address, self._channel(address))
+        return Replica(address, self._channels.channel(address))
 
     def mark_unreachable(self, address: str) -> None:
         """A call could not reach `address`: pick around it for `unreachable_for_s`."""
@@ -160,12 +159,12 @@ class ReplicaSet:
     def open_addresses(self) -> set[str]:
         """Replicas with an open channel (live ones, and those that left less than
         `retire_after_s` ago)."""
-        return set(self._channels)
+        return set(self._channels.addresses)
 
     async def is_serving(self, timeout_s: float) -> bool:
         """True when some live replica reports SERVING."""
         for address in await self.live_addresses():
-            if await is_serving(self._channel(address), timeout_s=timeout_s):
+            if await is_serving(self._channels.channel(address), timeout_s=timeout_s):
                 return True
         return False
 
@@ -173,14 +172,7 @@ class ReplicaSet:
         if self._refresher is not None:
             self._refresher.cancel()
             await asyncio.gather(self._refresher, return_exceptions=True)
-        for channel in self._channels.values():
-            await channel.close()
-
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = open_channel(address, self._keepalive)
-        return channel
+        await self._channels.close()
 
     async def _refresh_forever(self) -> None:
         while True:
@@ -210,9 +202,9 @@ class ReplicaSet:
         """Close the channels of replicas gone from the list for `retire_after_s`."""
         now = asyncio.get_running_loop().time()
         live = set(self._addresses)
-        for address in list(self._channels):
+        for address in self._channels.addresses:
             if address in live:
                 self._left_at.pop(address, None)
             elif now - self._left_at.setdefault(address, now) >= self._retire_after_s:
                 del self._left_at[address]
-                await self._channels.pop(address).close()
+                await self._channels.close_one(address)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, ERROR_REASON_KEY
+from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, ERROR_REASON_KEY, ERROR_SERVICE_KEY
+from conveyor.common.grpc_client import open_channel
 from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
 from conveyor.common.settings import ServiceSettings
 from conveyor.v1 import (
@@ -183,42 +184,69 @@ def _prompt_logprobs(request) -> list[engine_pb2.PositionLogprobs]:
 
 
 class FakeDetok(detok_pb2_grpc.DetokenizerServicer):
-    """Characters back from ids; stop strings matched on the whole text, with the
-    last len(longest stop) - 1 characters held back until they cannot start a match."""
+    """Opens the engine's stream and turns ids back into characters; stop strings matched
+    on each sample's whole text, its last len(longest stop) - 1 characters held back
+    until they cannot start a match (or the sample finishes); a resumed stream holds back
+    the text the caller has. The engine's failure is passed on, named as the engine's."""
 
     def __init__(self) -> None:
         self.streams_closed = 0
+        self.requests: list = []
 
-    async def Detokenize(self, request_iterator, context):
+    async def Generate(self, request, context):
+        self.requests.append(request)
+        channel = open_channel(request.engine_address)
+        call = engine_pb2_grpc.EngineStub(channel).Generate(request.generate)
         try:
-            async for reply in self._replies(request_iterator):
-                yield reply
+            async for response in _text_responses(request, call):
+                yield response
+        except grpc.aio.AioRpcError as error:
+            reasons = [(k, v) for k, v in error.trailing_metadata() or ()
+                       if k == ERROR_REASON_KEY]
+            context.set_trailing_metadata((*reasons, (ERROR_SERVICE_KEY, "engine")))
+            await context.abort(error.code(), error.details())
         finally:
+            call.cancel()
             self.streams_closed += 1
+            await channel.close()
 
-    async def _replies(self, request_iterator):
-        start, text, sent, num_tokens = None, "", 0, 0
-        async for message in request_iterator:
-            start = start or message.start
-            text += "".join(chr(i) for i in message.token_ids)
-            num_tokens += len(message.token_ids)
-            for index, stop in enumerate(start.stop):
-                at = text.find(stop)
-                if at >= 0:
-                    end = at + len(stop) if start.include_stop_str_in_output else at
-                    yield detok_pb2.DetokenizeResponse(
-                        text_delta=text[sent:end], num_tokens=num_tokens,
-                        stop_match=detok_pb2.StopMatch(stop=stop, stop_index=index,
-                                                       num_tokens=num_tokens))
-                    return
-            hold = 0 if message.finish else max((len(s) - 1 for s in start.stop), default=0)
-            ready = max(sent, len(text) - hold)
-            if ready > sent or message.token_ids:
-                yield detok_pb2.DetokenizeResponse(text_delta=text[sent:ready],
-                                                   num_tokens=num_tokens)
-                sent = ready
-            if message.finish:
-                return
+
+_ENDS = (engine_pb2.FINISH_REASON_STOP, engine_pb2.FINISH_REASON_LENGTH)
+
+
+async def _text_responses(request, call):
+    n, stops = max(1, request.generate.n), list(request.detok.stop)
+    hold = max((len(stop) - 1 for stop in stops), default=0)
+    texts = ["".join(chr(i) for i in request.generate.resume_output_token_ids)] + [""] * (n - 1)
+    sent, done = [request.text_so_far.num_chars] + [0] * (n - 1), [False] * n
+    async for chunk in call:
+        i = chunk.index
+        if done[i]:
+            continue
+        before = len(texts[i])
+        texts[i] += "".join(chr(t) for t in chunk.token_ids)
+        response = detok_pb2.TextGenerateResponse(
+            index=i, token_ids=chunk.token_ids, logprobs=chunk.logprobs,
+            prompt_logprobs=chunk.prompt_logprobs, usage=chunk.usage)
+        match = min(((texts[i].find(s), s) for s in stops if s in texts[i]), default=None)
+        if match is not None:
+            at, stop = match
+            end = at + len(stop) if request.detok.include_stop_str_in_output else at
+            kept = at + len(stop) - before
+            del response.token_ids[kept:], response.logprobs[kept:]
+            response.text_delta, sent[i], done[i] = texts[i][sent[i]:end], end, True
+            response.finish_reason, response.stop_string = engine_pb2.FINISH_REASON_STOP, stop
+            response.usage.completion_tokens = at + len(stop)
+        else:
+            done[i] = chunk.finish_reason in _ENDS
+            ready = max(sent[i], len(texts[i]) - (0 if done[i] else hold))
+            response.text_delta, sent[i] = texts[i][sent[i]:ready], ready
+            response.finish_reason = chunk.finish_reason
+            if chunk.HasField("stop_token_id"):
+                response.stop_token_id = chunk.stop_token_id
+        yield response
+        if all(done):
+            return
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""DetokClient over two fake detok replicas (real gRPC servers in process): a stream whose
-replica dies mid-generation is rebuilt on the other from the token ids so far, and the
-caller gets the exact text once; TokenizerClient retries a unary call on another replica."""
+"""A choice over two fake detok replicas and a fake engine (real gRPC servers in process):
+a generation whose detok replica dies mid-stream resumes on the other with the tokens so
+far (the engine continues after them) and the caller gets the exact text once;
+TokenizerClient retries a unary call on another replica."""
 
 from __future__ import annotations
 
@@ -13,9 +14,16 @@ import pytest
 from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
 from conveyor.common.replica_set import ReplicaSet
 from conveyor.common.settings import ServiceSettings
+from conveyor.gateway.generation import ChoiceStream
 from conveyor.gateway.text_services import DetokClient, TokenizerClient
-from conveyor.gateway.wire import DetokOptions
-from conveyor.v1 import detok_pb2_grpc, tokenizer_pb2_grpc
+from conveyor.gateway.wire import (
+    DetokOptions,
+    GenerateJob,
+    GenerationDelta,
+    SamplingOptions,
+    UpstreamError,
+)
+from conveyor.v1 import detok_pb2_grpc, engine_pb2_grpc, tokenizer_pb2_grpc
 
 
 def _fakes():
@@ -33,11 +41,16 @@ async def _serve(add_to_server, servicer):
 
 
 @pytest.fixture
-async def detoks():
-    servers = [await _serve(detok_pb2_grpc.add_DetokenizerServicer_to_server,
-                            _fakes().FakeDetok()) for _ in range(2)]
-    yield servers
-    for server in servers:
+async def services():
+    """A fake engine and two fake detok replicas."""
+    fakes = _fakes()
+    engine = fakes.FakeEngine(delay_s=0.02)
+    engine_server = await _serve(engine_pb2_grpc.add_EngineServicer_to_server, engine)
+    detoks = [fakes.FakeDetok() for _ in range(2)]
+    servers = [await _serve(detok_pb2_grpc.add_DetokenizerServicer_to_server, d)
+               for d in detoks]
+    yield engine, f"127.0.0.1:{engine_server.port}", detoks, servers
+    for server in [engine_server, *servers]:
         await server.server.stop(grace=None)
 
 
@@ -50,56 +63,62 @@ async def tokenizers():
         await server.server.stop(grace=None)
 
 
-def replicas_of(servers) -> ReplicaSet:
-    return ReplicaSet("detok", None, [f"127.0.0.1:{s.port}" for s in servers])
+SCRIPT = _fakes().SCRIPT
 
 
 def ids(text: str) -> list[int]:
     return [ord(c) for c in text]
 
 
-async def read_until(replies, text: str, got: list[str]) -> None:
-    async for reply in replies:
-        got.append(reply.text_delta)
-        if "".join(got).endswith(text):
-            return
+async def _open(services, stop: list[str]) -> tuple[ChoiceStream, DetokClient]:
+    _, engine_address, _, servers = services
+    detok = DetokClient(ReplicaSet("detok", None, [f"127.0.0.1:{s.port}" for s in servers]))
+    job = GenerateJob("r1", ids("hi"), SamplingOptions(max_tokens=30))
+    options = DetokOptions("r1", stop=stop)
+    source = await detok.generate(engine_address, job, options, [])
+    return ChoiceStream(source, ("e", engine_address), detok, job, options), detok
+
+
+async def _read(choice: ChoiceStream, until=lambda text: False) -> tuple[str, GenerationDelta]:
+    text = ""
+    while (delta := await choice.next_delta()) is not None:
+        text += delta.text
+        if until(text) or delta.finish_reason is not None:
+            return text, delta
+    raise AssertionError("the choice ended without a finish")
 
 
 @pytest.mark.parametrize("stop", [[], ["friend"]])
-async def test_a_stream_whose_replica_dies_is_rebuilt_without_repeating_text(detoks, stop):
-    replicas = replicas_of(detoks)
-    stream = DetokClient(replicas).open(DetokOptions("r1", stop=stop))
-    replies = stream.replies().__aiter__()
-    got: list[str] = []
-    stream.send_tokens(ids("Hello there"))
-    await read_until(replies, "Hello there" if not stop else "Hello ", got)  # "there" held
-    await detoks[0].server.stop(grace=None)  # the replica the first pick chose
-    stream.send_tokens(ids(", dear friend. Bye"))
-    stream.finish()
-    async for reply in replies:
-        got.append(reply.text_delta)
-        last = reply
-    expected = "Hello there, dear friend. Bye" if not stop else "Hello there, dear "
-    assert "".join(got) == expected
-    if stop:
-        assert last.stop_match is not None and last.stop_match.stop == "friend"
-    assert not stream.send_tokens([1])
-    await replicas.close()
+async def test_a_generation_whose_detok_replica_dies_resumes_on_the_other(services, stop):
+    engine, _, detoks, servers = services
+    choice, detok = await _open(services, stop)
+    first, _ = await _read(choice, lambda text: text.startswith("Hello"))
+    dead = next(i for i, d in enumerate(detoks) if d.requests)  # the replica picked first
+    await servers[dead].server.stop(grace=None)
+    rest, last = await _read(choice)
+    expected = SCRIPT[:30] if not stop else "Hello there, "
+    assert first + rest == expected
+    assert last.finish_reason == ("length" if not stop else "stop")
+    assert last.stop_reason == (None if not stop else "friend")
+    assert last.usage.completion_tokens == (30 if not stop else len("Hello there, friend"))
+    resumed = detoks[1 - dead].requests[0]
+    num_tokens = len(resumed.generate.resume_output_token_ids)
+    assert num_tokens >= len(first) and resumed.text_so_far.num_chars == len(first)
+    assert list(resumed.generate.resume_output_token_ids) == ids(SCRIPT[:num_tokens])
+    assert engine.cancelled == ["r1"]  # the dead replica's engine stream, let go
+    await detok.close()
 
 
-async def test_a_stream_fails_once_every_replica_is_gone(detoks):
-    replicas = replicas_of(detoks)
-    stream = DetokClient(replicas).open(DetokOptions("r2"))
-    replies = stream.replies().__aiter__()
-    stream.send_tokens(ids("Hi"))
-    await read_until(replies, "Hi", [])
-    for server in detoks:
+async def test_a_generation_fails_once_every_replica_is_gone(services):
+    _, _, _, servers = services
+    choice, detok = await _open(services, [])
+    await _read(choice, lambda text: text.startswith("Hi") or len(text) > 1)
+    for server in servers:
         await server.server.stop(grace=None)
-    stream.send_tokens(ids("!"))
-    with pytest.raises(Exception, match="detok: UNAVAILABLE"):
-        async for _ in replies:
-            pass
-    await replicas.close()
+    with pytest.raises(UpstreamError, match="detok: UNAVAILABLE"):
+        await _read(choice)
+    await choice.close()
+    await detok.close()
 
 
 async def test_tokenizer_calls_move_to_a_live_replica(tokenizers):

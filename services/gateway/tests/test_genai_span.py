@@ -50,7 +50,7 @@ async def test_a_streamed_chat_is_one_trace_rooted_at_the_gateway(gateway, span_
     in_trace = {s.name for s in span_exporter.get_finished_spans()
                 if s.context.trace_id == root.context.trace_id}
     assert {"conveyor.v1.Tokenizer/Render", "conveyor.v1.Engine/Generate",
-            "conveyor.v1.Detokenizer/Detokenize"} <= in_trace
+            "conveyor.v1.Detokenizer/Generate"} <= in_trace
 
 
 async def test_completions_are_text_completion_and_client_trace_context_is_kept(

@@ -11,10 +11,9 @@ from pydantic import ValidationError
 
 from conveyor.gateway.api_models import ChatCompletionRequest, CompletionRequest
 from conveyor.gateway.errors import APIError
-from conveyor.gateway.generation import GenerationDelta
 from conveyor.gateway.output_constraints import output_plan
 from conveyor.gateway.response_formats import ChatFormat, ChoiceResult
-from conveyor.gateway.wire import ConstraintKind, ToolCallDelta, ToolCallFormat
+from conveyor.gateway.wire import ConstraintKind, GenerationDelta, ToolCallDelta, ToolCallFormat
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

@@ -9,9 +9,9 @@ import pytest
 
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, ERROR_REASON_KEY, INVALID_REQUEST
 from conveyor.common.grpc_client import is_serving, open_channel
-from conveyor.common.testing import ServiceProcess, without_torch_env
 from conveyor.v1 import tokenizer_pb2 as pb
 from conveyor.v1 import tokenizer_pb2_grpc
+from devkit.service_process import ServiceProcess, without_torch_env
 
 pytestmark = pytest.mark.slow
 SERVICE = "conveyor.v1.Tokenizer"

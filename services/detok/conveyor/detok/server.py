@@ -1,10 +1,12 @@
-"""Start the detokenizer: load the tokenizer, serve Detokenizer over gRPC until SIGTERM."""
+"""Start the detokenizer: load the tokenizer, serve Detokenizer over gRPC until SIGTERM
+(its calls open the engines' streams, one channel per engine)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
+from conveyor.common.grpc_client import Channels
 from conveyor.common.grpc_server import (
     ServiceRegistration,
     serve_until_signalled,
@@ -22,11 +24,12 @@ SERVICE_NAME = detok_pb2.DESCRIPTOR.services_by_name["Detokenizer"].full_name
 log = logging.getLogger("conveyor.detok")
 
 
-def registration(tokenizer) -> ServiceRegistration:
-    """The Detokenizer service over `tokenizer`, ready for start_grpc_server."""
+def registration(tokenizer, engines: Channels) -> ServiceRegistration:
+    """The Detokenizer service over `tokenizer`, its calls' engine streams opened on
+    `engines`, ready for start_grpc_server."""
     return ServiceRegistration(
         SERVICE_NAME, detok_pb2_grpc.add_DetokenizerServicer_to_server,
-        DetokenizerServicer(tokenizer),
+        DetokenizerServicer(tokenizer, engines),
     )
 
 
@@ -37,9 +40,10 @@ async def serve(settings: DetokSettings) -> None:
     source = resolve_model(settings.model)
     tokenizer = await asyncio.to_thread(load_tokenizer, source)
     log.info("tokenizer of %s loaded (%d tokens)", source.name, len(tokenizer))
-    service = await start_grpc_server(settings, [registration(tokenizer)])
+    engines = Channels()
+    service = await start_grpc_server(settings, [registration(tokenizer, engines)])
     listing = replica_registration("detok", settings, settings.model_name, service.port)
     if listing is not None:
         await listing.start()
-    await serve_until_signalled(service, settings,
+    await serve_until_signalled(service, settings, on_drained=engines.close,
                                 on_signal=listing.stop if listing is not None else None)

@@ -1,5 +1,6 @@
-"""The Detokenizer gRPC servicer: converts proto messages to and from the
-stream's domain types (nothing past this file imports *_pb2)."""
+"""The Detokenizer gRPC servicer: opens the engine's stream and converts proto messages
+to and from the domain types of text_generation.py (nothing past this file imports
+*_pb2; the engine's logprobs and usage pass through as they came)."""
 
 from __future__ import annotations
 
@@ -9,75 +10,115 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from conveyor.common.errors import ERROR_REASON_KEY, INVALID_REQUEST
+from conveyor.common.errors import ERROR_REASON_KEY, ERROR_SERVICE_KEY, INVALID_REQUEST
+from conveyor.common.grpc_client import Channels
 from conveyor.common.log import request_id_var
 from conveyor.detok.decode_options import DecodeOptions
 from conveyor.detok.errors import InvalidStreamError
 from conveyor.detok.offered_tools import ToolSpec
-from conveyor.detok.stream import DetokenizeStream, StreamOutput, StreamStart
+from conveyor.detok.stream import StreamStart
+from conveyor.detok.text_generation import KnownText, SampleText, TextGeneration
 from conveyor.detok.tool_call_formats import ToolCallFormat
 from conveyor.detok.tool_call_stream import ToolCallOptions
-from conveyor.v1 import detok_pb2, detok_pb2_grpc
+from conveyor.v1 import detok_pb2, detok_pb2_grpc, engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger("conveyor.detok")
 
+ENGINE_SERVICE = "engine"
+
 
 class DetokenizerServicer(detok_pb2_grpc.DetokenizerServicer):
-    """One DetokenizeStream per call, fed by the caller's messages.
+    """One TextGeneration per call, fed by the engine's Generate stream (opened on
+    `engines`, one channel per engine address).
 
-    The call ends after a stop match, after a message with `finish`, or when
-    the caller half-closes (treated as `finish`). Bad input aborts the call
-    with INVALID_ARGUMENT and the reason `invalid_request` in the trailing
-    metadata.
+    Bad input aborts the call with INVALID_ARGUMENT and the reason `invalid_request` in
+    the trailing metadata; the engine's failure is passed on as it came, its service
+    named in the trailing metadata. The engine's stream is cancelled on every way out.
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, engines: Channels):
         self._tokenizer = tokenizer
+        self._engines = engines
 
-    async def Detokenize(self, request_iterator, context) -> AsyncIterator:
+    async def Generate(self, request, context) -> AsyncIterator:
         try:
-            async for output in self._outputs(request_iterator):
-                yield _to_proto(output)
+            generation = self._open(request)
         except InvalidStreamError as exc:
             await _abort_invalid(context, str(exc))
+        stub = engine_pb2_grpc.EngineStub(self._engines.channel(request.engine_address))
+        call = stub.Generate(request.generate)
+        try:
+            async for chunk in call:
+                response = _response(generation, chunk)
+                if response is not None:
+                    yield response
+                if generation.is_finished:
+                    return
+        except grpc.aio.AioRpcError as error:
+            await _abort_passed_on(context, error)
+        except InvalidStreamError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, f"the engine's output: {exc}")
+        finally:
+            call.cancel()
 
-    async def _outputs(self, request_iterator) -> AsyncIterator[StreamOutput]:
-        stream: DetokenizeStream | None = None
-        async for message in request_iterator:
-            if stream is None:
-                stream = self._open(message)
-            elif message.HasField("start"):
-                raise InvalidStreamError("`start` may only be set on the first message of a stream")
-            output = _handle(stream, message)
-            if not output.is_empty:
-                yield output
-            if stream.is_finished:
-                return
-        if stream is not None:
-            output = stream.finish()
-            if not output.is_empty:
-                yield output
-
-    def _open(self, message) -> DetokenizeStream:
-        if not message.HasField("start"):
-            raise InvalidStreamError("the first Detokenize message must carry `start`")
-        start = _start_from_proto(message.start)
+    def _open(self, request) -> TextGeneration:
+        if not request.engine_address:
+            raise InvalidStreamError("engine_address is required")
+        start = _start_from_proto(request.detok)
         if start.request_id and request_id_var.get() is None:
             request_id_var.set(start.request_id)
-        log.debug("stream opened with %d stop strings", len(start.stops))
-        return DetokenizeStream(self._tokenizer, start)
+        generate = request.generate
+        known = (KnownText(request.text_so_far.num_chars,
+                           list(request.text_so_far.tool_call_argument_chars))
+                 if request.HasField("text_so_far") else None)
+        log.debug("generation opened on %s with %d stop strings", request.engine_address,
+                  len(start.stops))
+        return TextGeneration(self._tokenizer, start, list(generate.prompt_token_ids),
+                              _sample_ids(request), list(generate.resume_output_token_ids),
+                              known)
 
 
-def _handle(stream: DetokenizeStream, message) -> StreamOutput:
-    output = stream.feed(list(message.token_ids))
-    if message.finish and not stream.is_finished:
-        return _merge(output, stream.finish())
-    return output
+def _sample_ids(request) -> list[str]:
+    """Each sample's id: sample_ids, else the request id (n = 1) or it with the index."""
+    n = max(1, request.generate.n)
+    if request.sample_ids:
+        if len(request.sample_ids) != n:
+            raise InvalidStreamError(f"sample_ids has {len(request.sample_ids)} ids for "
+                                     f"n = {n} samples")
+        return list(request.sample_ids)
+    request_id = request.detok.request_id
+    return [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
 
 
-def _merge(first: StreamOutput, second: StreamOutput) -> StreamOutput:
-    return StreamOutput(first.text + second.text, second.num_tokens, second.stop_match,
-                        first.tool_calls + second.tool_calls)
+_ENDS = (engine_pb2.FINISH_REASON_STOP, engine_pb2.FINISH_REASON_LENGTH)
+"""The engine's finishes that end a sample's text (an abort does not: the caller resumes
+it elsewhere, so held-back text stays held)."""
+
+
+def _response(generation: TextGeneration, chunk) -> detok_pb2.TextGenerateResponse | None:
+    """The response for one engine chunk; None for a sample that already ended."""
+    text = generation.push(chunk.index, list(chunk.token_ids), chunk.finish_reason in _ENDS)
+    if text is None:
+        return None
+    kept = text.num_tokens
+    response = detok_pb2.TextGenerateResponse(
+        index=chunk.index, text_delta=text.text, tool_calls=_tool_calls(text),
+        token_ids=chunk.token_ids[:kept], logprobs=chunk.logprobs[:kept],
+        prompt_logprobs=chunk.prompt_logprobs, usage=chunk.usage)
+    if text.stop is not None:
+        response.finish_reason = engine_pb2.FINISH_REASON_STOP
+        response.stop_string = text.stop
+        response.usage.completion_tokens = text.num_output_tokens
+    else:
+        response.finish_reason = chunk.finish_reason
+        if chunk.HasField("stop_token_id"):
+            response.stop_token_id = chunk.stop_token_id
+    return response
+
+
+def _tool_calls(text: SampleText) -> list[detok_pb2.ToolCallDelta]:
+    return [detok_pb2.ToolCallDelta(index=d.index, id=d.id, name=d.name, arguments=d.arguments)
+            for d in text.tool_calls]
 
 
 _TOOL_CALL_FORMATS = {
@@ -118,7 +159,6 @@ def _start_from_proto(start) -> StreamStart:
     )
     return StreamStart(
         request_id=start.request_id,
-        prompt_tail_ids=list(start.prompt_tail_token_ids),
         stops=list(start.stop),
         include_stop_str_in_output=start.include_stop_str_in_output,
         options=options,
@@ -126,18 +166,15 @@ def _start_from_proto(start) -> StreamStart:
     )
 
 
-def _to_proto(output: StreamOutput):
-    response = detok_pb2.DetokenizeResponse(
-        text_delta=output.text, num_tokens=output.num_tokens,
-        tool_calls=[detok_pb2.ToolCallDelta(index=d.index, id=d.id, name=d.name,
-                                            arguments=d.arguments) for d in output.tool_calls])
-    if output.stop_match is not None:
-        match = output.stop_match
-        response.stop_match.CopyFrom(detok_pb2.StopMatch(
-            stop=match.stop, stop_index=match.stop_index, num_tokens=match.num_tokens))
-    return response
-
-
 async def _abort_invalid(context, message: str) -> None:
     context.set_trailing_metadata(((ERROR_REASON_KEY, INVALID_REQUEST),))
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+async def _abort_passed_on(context, error: grpc.aio.AioRpcError) -> None:
+    """End the call as the engine's call ended: its code, message and reason, the engine
+    named as the service that failed."""
+    reasons = [(key, value) for key, value in error.trailing_metadata() or ()
+               if key == ERROR_REASON_KEY]
+    context.set_trailing_metadata((*reasons, (ERROR_SERVICE_KEY, ENGINE_SERVICE)))
+    await context.abort(error.code(), error.details() or "")

@@ -16,6 +16,7 @@ import logging
 from conveyor.common.engine_registry import EngineHeartbeat, EngineLoad, EngineRegistry
 from conveyor.common.registration import Registration, registry_redis
 from conveyor.engine.async_engine import AsyncEngine
+from conveyor.engine.servicer import stats_message
 from conveyor.engine.settings import EngineSettings
 
 __all__ = ["Registration", "build_registration", "load_of"]
@@ -40,11 +41,6 @@ def build_registration(settings: EngineSettings, engine: AsyncEngine,
 
 
 def load_of(engine: AsyncEngine) -> EngineLoad:
-    """The load in the loop's latest stats snapshot (an attribute read, never a lock)."""
-    stats = engine.stats()
-    return EngineLoad(stats.num_running, stats.num_waiting, stats.kv_usage,
-                      num_free_blocks=stats.num_free_blocks, num_blocks=stats.num_blocks,
-                      num_waiting_tokens=stats.num_waiting_tokens,
-                      max_num_waiting_seqs=stats.max_num_waiting_seqs,
-                      max_num_waiting_tokens=stats.max_num_waiting_tokens,
-                      lora_adapters=tuple(stats.lora_adapters))
+    """The load in the loop's latest stats snapshot (an attribute read, never a lock), as
+    Stats answers it: a gateway sees the same load through the registry or by asking."""
+    return EngineLoad.from_stats(stats_message(engine.stats()))

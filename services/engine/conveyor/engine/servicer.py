@@ -28,6 +28,7 @@ from conveyor.engine.async_engine import AsyncEngine, EngineStoppedError, Reques
 from conveyor.engine.core.errors import DuplicateRequestId, WaitingQueueFull
 from conveyor.engine.core.request import FinishReason
 from conveyor.engine.engine_request import EngineRequest
+from conveyor.engine.engine_stats import EngineStats
 from conveyor.engine.lora.adapter import InvalidAdapter, LoraAdapter
 from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.request_tracing import RequestSpans
@@ -125,18 +126,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         )
 
     async def Stats(self, request, context):
-        stats = self.engine.stats()
-        return engine_pb2.EngineStats(
-            num_running=stats.num_running, num_waiting=stats.num_waiting,
-            kv_usage=stats.kv_usage, num_free_blocks=stats.num_free_blocks,
-            num_blocks=stats.num_blocks, prefix_cache_hit_rate=stats.prefix_cache_hit_rate,
-            num_preemptions=stats.num_preemptions,
-            num_waiting_tokens=stats.num_waiting_tokens,
-            max_num_waiting_seqs=stats.max_num_waiting_seqs,
-            max_num_waiting_tokens=stats.max_num_waiting_tokens,
-            num_requests_shed=stats.num_requests_shed,
-            lora_adapters=stats.lora_adapters,
-        )
+        return stats_message(self.engine.stats())
 
     def to_engine_request(self, request: engine_pb2.GenerateRequest) -> EngineRequest:
         """Convert and validate; raises InvalidRequestError or InvalidSamplingParams."""
@@ -157,6 +147,21 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def _room_after(self, prompt: list[int]) -> int:
         """max_tokens when unset (0): the rest of the context, at least 1."""
         return max(1, self.engine.info.max_model_len - len(prompt))
+
+
+def stats_message(stats: EngineStats) -> engine_pb2.EngineStats:
+    """Stats' answer; the registry heartbeat carries its load too (EngineLoad.from_stats)."""
+    return engine_pb2.EngineStats(
+        num_running=stats.num_running, num_waiting=stats.num_waiting,
+        kv_usage=stats.kv_usage, num_free_blocks=stats.num_free_blocks,
+        num_blocks=stats.num_blocks, prefix_cache_hit_rate=stats.prefix_cache_hit_rate,
+        num_preemptions=stats.num_preemptions,
+        num_waiting_tokens=stats.num_waiting_tokens,
+        max_num_waiting_seqs=stats.max_num_waiting_seqs,
+        max_num_waiting_tokens=stats.max_num_waiting_tokens,
+        num_requests_shed=stats.num_requests_shed,
+        lora_adapters=stats.lora_adapters,
+    )
 
 
 def to_sampling_params(proto: engine_pb2.SamplingParams, default_max_tokens: int,

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from conveyor.common.grpc_client import open_channel
-from conveyor.common.testing import ServiceProcess
 from conveyor.v1 import engine_pb2_grpc
+from devkit.service_process import ServiceProcess
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -12,8 +12,8 @@ import pytest
 
 from conveyor.common.engine_registry import EngineRegistry
 from conveyor.common.grpc_client import open_channel
-from conveyor.common.testing import ServiceProcess
 from conveyor.v1 import engine_pb2, engine_pb2_grpc
+from devkit.service_process import ServiceProcess
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conveyor.engine.attention.random_step import random_step
+from devkit.random_step import random_step
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if not torch.cuda.is_available():
@@ -60,7 +60,7 @@ def triton_device() -> str:
 
 @pytest.fixture
 def make_random_step():
-    """A factory of random paged-attention steps (conveyor.engine.attention.random_step)."""
+    """A factory of random paged-attention steps (devkit.random_step)."""
     return random_step
 
 
@@ -204,11 +204,11 @@ def make_runner(smollm2_model):
 
 @pytest.fixture(scope="session")
 def tiny_runner():
-    """ModelRunner(s) over one random tiny Llama (worker/random_model.py) with the triton
+    """ModelRunner(s) over one random tiny Llama (devkit/random_model.py) with the triton
     backend (the interpreter on CPU): fast enough for step-by-step runner tests."""
     from conveyor.engine.worker.model_runner import ModelRunner
-    from conveyor.engine.worker.random_model import random_llama
     from conveyor.engine.worker.runner_config import RunnerConfig
+    from devkit.random_model import random_llama
 
     model = random_llama("tiny", attention_backend="triton")
 

@@ -44,7 +44,7 @@ def test_features_name_what_was_found():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_kernels_line_names_features_dtype_gemm_attention_weights_threads(dtype):
     from conveyor.engine.model.cpu_paths import describe_cpu_paths
-    from conveyor.engine.worker.random_model import random_llama
+    from devkit.random_model import random_llama
 
     model = random_llama("tiny", dtype=dtype)
     backend = SimpleNamespace(name="native", kernel_path="avx2", prefill_kernel="avx2")

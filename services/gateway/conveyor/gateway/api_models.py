@@ -621,9 +621,6 @@ class DetokenizeRequest(RequestBody):
 
 # -- request mapping ---------------------------------------------------------------------
 
-PROMPT_TAIL_TOKENS = 6
-"""Prompt tokens detok gets so the first output token decodes with the right context."""
-
 GenerationBody = ChatCompletionRequest | CompletionRequest
 
 
@@ -699,11 +696,10 @@ def _logprob_request(body: GenerationBody) -> tuple[bool, int]:
     return body.logprobs is not None, body.logprobs or 0
 
 
-def detok_options(body: GenerationBody, request_id: str, prompt: PromptTokens,
+def detok_options(body: GenerationBody, request_id: str,
                   tool_calls: ToolCallParsing | None = None) -> DetokOptions:
     return DetokOptions(
         request_id=request_id,
-        prompt_tail_token_ids=prompt.token_ids[-PROMPT_TAIL_TOKENS:],
         stop=body.stop_strings,
         include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens,

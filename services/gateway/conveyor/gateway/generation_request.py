@@ -9,7 +9,7 @@ deadline, shutdown, error, a cancellation some library swallowed), shielded from
 second cancellation:
 
     acquired                       released (in this order on the way out)
-    choice streams (engine+detok)  cancelled, their reader tasks awaited
+    choice streams (detok+engine)  cancelled (detok cancels the engine's call)
     quota reservation              settled: unused tokens and the concurrency slot back
     timeline                       saved with its end state (finished, cancelled, ...)
     routing bindings               written (a new session's engine, prefix hints)
@@ -67,10 +67,10 @@ from conveyor.gateway.errors import (
 from conveyor.gateway.generation import (
     ChoiceStream,
     ChoiceStreams,
-    GenerationDelta,
     Move,
     SampleFeed,
     SharedStream,
+    Target,
     shared_move,
 )
 from conveyor.gateway.observability import DISCONNECTED_STATUS, describe_generation, record_usage
@@ -84,17 +84,17 @@ from conveyor.gateway.response_formats import (
 )
 from conveyor.gateway.routing.router import (
     AdaptersNotServed,
-    EngineClient,
-    EngineStream,
     NoEngineAvailable,
     PendingBindings,
 )
 from conveyor.gateway.tenancy.admission import TenantAdmission, engine_priority
 from conveyor.gateway.tenancy.api_keys import Tenant
 from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft, TimelineWrite
-from conveyor.gateway.text_services import ServedModel
+from conveyor.gateway.text_services import ServedModel, TextStream
 from conveyor.gateway.wire import (
+    DetokOptions,
     GenerateJob,
+    GenerationDelta,
     PromptInput,
     PromptTokens,
     ToolCallFormat,
@@ -312,7 +312,7 @@ class GenerationRequest:
         The n samples of a prompt are one Generate call (the engine computes the prompt
         once), its stream split by sample (generation.py:SharedStream)."""
         pipeline, body = self.pipeline, self.body
-        client = pipeline.engines.client(engine.address)
+        target = (engine.engine_id, engine.address)
         self._stack.push_async_callback(self._choices.close)
         budgets = zip(self.prompts, self._max_tokens, strict=True)
         for prompt_index, (prompt, max_tokens) in enumerate(budgets):
@@ -320,13 +320,13 @@ class GenerationRequest:
             job = GenerateJob(job_id, prompt.token_ids, sampling_options(body, max_tokens),
                               self._priority, self.tenant.cache_salt, n=body.n,
                               constraint=self._plan.constraint, lora=self.model.lora)
-            streams, first_move = self._sample_streams(client, job)
-            for sample, stream in enumerate(streams):
-                choice_id = f"{self.request_id}-{prompt_index * body.n + sample}"
+            choice_ids = [f"{self.request_id}-{prompt_index * body.n + sample}"
+                          for sample in range(body.n)]
+            streams, first_move = await self._sample_streams(target, job, choice_ids)
+            for sample, (stream, choice_id) in enumerate(zip(streams, choice_ids, strict=True)):
                 self._choices.add(ChoiceStream(
-                    stream, engine.engine_id, pipeline.detok, job.sample(sample, choice_id),
-                    detok_options(body, choice_id, prompt, self._plan.tool_calls),
-                    self._move_choice, first_move))
+                    stream, target, pipeline.detok, job.sample(sample, choice_id),
+                    self._detok_options(choice_id), self._move_choice, first_move))
         self._timeline.mark(Stage.QUEUED, engine_id=engine.engine_id)
         describe_generation(self.kind.name, self.model.name, body.requested_max_tokens,
                             self.request_id)
@@ -338,19 +338,25 @@ class GenerationRequest:
         self._timeline.mark(Stage.FIRST_TOKEN)
         return first
 
-    def _sample_streams(self, client: EngineClient, job: GenerateJob
-                        ) -> tuple[list[EngineStream | SampleFeed], Move]:
-        """The engine stream of each sample of `job` and what answers their first failure:
+    def _detok_options(self, request_id: str) -> DetokOptions:
+        return detok_options(self.body, request_id, self._plan.tool_calls)
+
+    async def _sample_streams(self, target: Target, job: GenerateJob, choice_ids: list[str]
+                              ) -> tuple[list[TextStream | SampleFeed], Move]:
+        """The stream of each sample of `job` and what answers their first engine failure:
         for n = 1 a stream of its own; for n > 1 one stream split by sample, whose samples
         leave a failed engine together (one move)."""
+        detok = self.pipeline.detok
         if job.n == 1:
-            return [client.generate(job)], self._move_choice
-        shared = SharedStream(client.generate(job), job.n)
+            return [await detok.generate(target[1], job, self._detok_options(choice_ids[0]),
+                                         [])], self._move_choice
+        stream = await detok.generate(target[1], job, self._detok_options(job.request_id),
+                                      choice_ids)
+        shared = SharedStream(stream, job.n)
         self._choices.add_shared(shared)
         return shared.feeds, shared_move(self._move_choice)
 
-    async def _move_choice(self, failed_engine_id: str,
-                           failure: Exception) -> tuple[str, EngineClient] | None:
+    async def _move_choice(self, failed_engine_id: str, failure: Exception) -> Target | None:
         """Another live engine for a choice whose engine failed mid-stream, while the
         request has moves left (max_stream_moves); None otherwise (the failure stands)."""
         settings = self.pipeline.settings
@@ -372,7 +378,7 @@ class GenerationRequest:
                     failed_engine_id, failure, engine.engine_id)
         self._timeline.record(num_moves=self._num_moves, engine_id=engine.engine_id)
         self.response_headers[ENGINE_HEADER] = engine.engine_id  # if not sent yet
-        return engine.engine_id, self.pipeline.engines.client(engine.address)
+        return engine.engine_id, engine.address
 
     # -- stage 3: generate --------------------------------------------------------------
 

@@ -16,8 +16,13 @@ import time
 from dataclasses import dataclass, field
 
 from conveyor.gateway.errors import APIError
-from conveyor.gateway.generation import GenerationDelta
-from conveyor.gateway.wire import PositionLogprobs, PromptTokens, TokenUsage, ToolCallDelta
+from conveyor.gateway.wire import (
+    GenerationDelta,
+    PositionLogprobs,
+    PromptTokens,
+    TokenUsage,
+    ToolCallDelta,
+)
 
 # -- usage totals ------------------------------------------------------------------------
 

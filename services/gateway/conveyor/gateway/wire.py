@@ -2,9 +2,10 @@
 place that converts it to and from protobuf.
 
 Records: a prompt to render or tokenize and the tokens that come back (tokenizer), a
-Generate job with its sampling options (and LoRA adapter) and the chunks, loads and
-facts an engine answers (engine), a detok stream's options and replies (detok). The conversions
-(`render_request`, `generate_request`, `engine_chunk`, `detok_reply`, ...) are the only
+Generate job with its sampling options (and LoRA adapter) and the loads and facts an
+engine answers (engine), and the text options of a generation and the deltas detok
+streams back for it (detok opens the engine's stream: the gateway's job goes there). The
+conversions (`render_request`, `text_generate_request`, `generation_delta`, ...) are the only
 code past this module that touches `*_pb2`; a failed call becomes an `UpstreamError`
 (`translate_rpc_errors`), never a gRPC exception.
 """
@@ -19,8 +20,7 @@ from enum import Enum
 
 import grpc
 
-from conveyor.common.engine_registry import EngineLoad
-from conveyor.common.errors import ERROR_REASON_KEY
+from conveyor.common.errors import ERROR_REASON_KEY, ERROR_SERVICE_KEY
 from conveyor.common.sampling_fields import sample_seed
 from conveyor.v1 import detok_pb2, engine_pb2, tokenizer_pb2
 
@@ -208,17 +208,23 @@ class TokenUsage:
 
 
 @dataclass(slots=True)
-class EngineChunk:
-    """Tokens the engine produced since its previous chunk of sample `index`."""
+class GenerationDelta:
+    """What one response of a detok Generate stream carries for sample `index`: new
+    content text, pieces of tool calls, and the output tokens they came from (with their
+    logprobs, if asked for); the sample's last delta has a finish_reason ("stop",
+    "length", or "abort": the engine gave the request up), the stop reason (stop string
+    or token id) and the usage. The first delta of a request whose engine computed prompt
+    logprobs carries them (prompt positions 1 .. len - 1)."""
 
+    text: str
     token_ids: list[int]
     logprobs: list[PositionLogprobs]
-    finish_reason: FinishReason | None
-    usage: TokenUsage
-    stop_token_id: int | None = None
-    index: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    usage: TokenUsage | None = None
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)
-    """With the first chunk of sample 0, when asked for: prompt positions 1 .. len - 1."""
+    index: int = 0
 
 
 @dataclass(slots=True)
@@ -268,24 +274,14 @@ class ToolCallParsing:
 
 @dataclass(slots=True)
 class DetokOptions:
-    """Options of one detok stream (its first message)."""
+    """How a request's tokens become text (detok.proto's DetokenizeStart)."""
 
     request_id: str
-    prompt_tail_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     tool_calls: ToolCallParsing | None = None
-
-
-@dataclass(slots=True)
-class StopMatch:
-    """A stop string matched after `num_tokens` output tokens."""
-
-    stop: str
-    stop_index: int
-    num_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,14 +295,12 @@ class ToolCallDelta:
 
 
 @dataclass(slots=True)
-class DetokReply:
-    """Text the detok stream produced (content only, when it reads tool calls, whose pieces
-    come in `tool_calls`); `num_tokens` output tokens are consumed so far."""
+class TextSoFar:
+    """What a caller has of a generation's text: content characters, and per tool call it
+    has the header of, its arguments' characters (a resumed stream holds them back)."""
 
-    text_delta: str
-    num_tokens: int
-    stop_match: StopMatch | None = None
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    num_chars: int = 0
+    argument_chars: list[int] = field(default_factory=list)
 
 
 # -- upstream error ----------------------------------------------------------------------
@@ -324,12 +318,15 @@ class UpstreamError(Exception):
 
     @classmethod
     def from_rpc(cls, service: str, error: grpc.aio.AioRpcError) -> UpstreamError:
-        return cls(service, error.code().name, error.details() or "", _reason_of(error))
+        """`service`'s failed call; a failure it passed on names its own service (detok
+        passes on its engine's)."""
+        return cls(_metadata(error, ERROR_SERVICE_KEY) or service, error.code().name,
+                   error.details() or "", _metadata(error, ERROR_REASON_KEY))
 
 
-def _reason_of(error: grpc.aio.AioRpcError) -> str | None:
+def _metadata(error: grpc.aio.AioRpcError, wanted: str) -> str | None:
     for key, value in error.trailing_metadata() or ():
-        if key == ERROR_REASON_KEY:
+        if key == wanted:
             return value.decode() if isinstance(value, bytes) else value
     return None
 
@@ -404,24 +401,6 @@ def sampling_params(options: SamplingOptions) -> engine_pb2.SamplingParams:
     return params
 
 
-def engine_chunk(message: engine_pb2.GenerateResponse) -> EngineChunk:
-    return EngineChunk(
-        token_ids=list(message.token_ids),
-        logprobs=[_position_logprobs(p) for p in message.logprobs],
-        finish_reason=_FINISH_REASONS.get(message.finish_reason),
-        usage=TokenUsage(
-            prompt_tokens=message.usage.prompt_tokens,
-            completion_tokens=message.usage.completion_tokens,
-            cached_tokens=message.usage.cached_tokens,
-            draft_tokens=message.usage.draft_tokens,
-            accepted_draft_tokens=message.usage.accepted_draft_tokens,
-        ),
-        stop_token_id=message.stop_token_id if message.HasField("stop_token_id") else None,
-        index=message.index,
-        prompt_logprobs=[_position_logprobs(p) for p in message.prompt_logprobs],
-    )
-
-
 def _position_logprobs(message: engine_pb2.PositionLogprobs) -> PositionLogprobs:
     return PositionLogprobs(
         logprob=message.logprob, top=[(t.token_id, t.logprob) for t in message.top],
@@ -431,22 +410,6 @@ def _position_logprobs(message: engine_pb2.PositionLogprobs) -> PositionLogprobs
 
 def stats_request() -> engine_pb2.EngineStatsRequest:
     return engine_pb2.EngineStatsRequest()
-
-
-def engine_load(message: engine_pb2.EngineStats) -> EngineLoad:
-    """The load fields of Stats, all of them (the waiting bounds make `is_waiting_full`;
-    the adapters held steer adapter requests)."""
-    return EngineLoad(
-        num_running=message.num_running,
-        num_waiting=message.num_waiting,
-        kv_usage=message.kv_usage,
-        num_free_blocks=message.num_free_blocks,
-        num_blocks=message.num_blocks,
-        num_waiting_tokens=message.num_waiting_tokens,
-        max_num_waiting_seqs=message.max_num_waiting_seqs,
-        max_num_waiting_tokens=message.max_num_waiting_tokens,
-        lora_adapters=tuple(message.lora_adapters),
-    )
 
 
 def engine_info_request() -> engine_pb2.EngineInfoRequest:
@@ -533,17 +496,23 @@ def tokenizer_facts(message: tokenizer_pb2.TokenizerInfo) -> TokenizerFacts:
 
 # -- detok ------------------------------------------------------------------------------------
 
-def detok_start(options: DetokOptions) -> detok_pb2.DetokenizeRequest:
-    return detok_pb2.DetokenizeRequest(
-        start=detok_pb2.DetokenizeStart(
+def text_generate_request(engine_address: str, job: GenerateJob, options: DetokOptions,
+                          sample_ids: list[str], so_far: TextSoFar | None
+                          ) -> detok_pb2.TextGenerateRequest:
+    return detok_pb2.TextGenerateRequest(
+        engine_address=engine_address,
+        generate=generate_request(job),
+        detok=detok_pb2.DetokenizeStart(
             request_id=options.request_id,
-            prompt_tail_token_ids=options.prompt_tail_token_ids,
             stop=options.stop,
             include_stop_str_in_output=options.include_stop_str_in_output,
             skip_special_tokens=options.skip_special_tokens,
             spaces_between_special_tokens=options.spaces_between_special_tokens,
             tool_calls=_tool_call_options(options.tool_calls),
-        )
+        ),
+        sample_ids=sample_ids,
+        text_so_far=None if so_far is None else detok_pb2.TextSoFar(
+            num_chars=so_far.num_chars, tool_call_argument_chars=so_far.argument_chars),
     )
 
 
@@ -565,20 +534,19 @@ def _tool_call_options(parsing: ToolCallParsing | None) -> detok_pb2.ToolCallOpt
                                   strict=t.strict) for t in parsing.tools])
 
 
-def detok_tokens(token_ids: list[int]) -> detok_pb2.DetokenizeRequest:
-    return detok_pb2.DetokenizeRequest(token_ids=token_ids)
-
-
-def detok_finish() -> detok_pb2.DetokenizeRequest:
-    return detok_pb2.DetokenizeRequest(finish=True)
-
-
-def detok_reply(message: detok_pb2.DetokenizeResponse) -> DetokReply:
-    stop_match = None
-    if message.HasField("stop_match"):
-        match = message.stop_match
-        stop_match = StopMatch(match.stop, match.stop_index, match.num_tokens)
-    return DetokReply(
-        text_delta=message.text_delta, num_tokens=message.num_tokens, stop_match=stop_match,
+def generation_delta(message: detok_pb2.TextGenerateResponse) -> GenerationDelta:
+    finish = _FINISH_REASONS.get(message.finish_reason)
+    stop = message.WhichOneof("stop_reason")
+    usage = message.usage
+    return GenerationDelta(
+        text=message.text_delta,
+        token_ids=list(message.token_ids),
+        logprobs=[_position_logprobs(p) for p in message.logprobs],
+        finish_reason=None if finish is None else finish.value,
+        stop_reason=None if stop is None else getattr(message, stop),
+        usage=TokenUsage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
+                         usage.draft_tokens, usage.accepted_draft_tokens),
         tool_calls=[ToolCallDelta(d.index, d.id, d.name, d.arguments) for d in message.tool_calls],
+        prompt_logprobs=[_position_logprobs(p) for p in message.prompt_logprobs],
+        index=message.index,
     )

@@ -6,7 +6,22 @@ import asyncio
 
 import pytest
 
+from conveyor.common.redis_scripts import run_script_calls
 from conveyor.gateway.routing.router import EngineBindings, prefix_block_hashes
+
+
+async def bind(bindings: EngineBindings, name: str, engine_id: str,
+               replacing: str | None = None) -> str:
+    [bound] = await run_script_calls(bindings.redis,
+                                     [bindings.bind_call(name, engine_id, replacing=replacing)])
+    return bound
+
+
+async def get(bindings: EngineBindings, name: str) -> str | None:
+    async with bindings.pipeline() as pipe:
+        bindings.queue_get(pipe, name)
+        [bound] = await pipe.execute()
+    return bound
 
 
 @pytest.fixture
@@ -17,37 +32,29 @@ def two_gateways(redis, other_redis, prefix):
 
 async def test_first_binding_wins_for_both_gateways(two_gateways):
     first, second = two_gateways
-    winners = await asyncio.gather(first.bind("s1", "engine-a"), second.bind("s1", "engine-b"))
+    winners = await asyncio.gather(bind(first, "s1", "engine-a"), bind(second, "s1", "engine-b"))
     assert winners[0] == winners[1]
-    assert await first.get("s1") == await second.get("s1") == winners[0]
+    assert await get(first, "s1") == await get(second, "s1") == winners[0]
 
 
 async def test_a_rebind_only_replaces_what_the_gateway_saw(two_gateways):
     first, second = two_gateways
-    await first.bind("s1", "engine-a")
-    assert await first.bind("s1", "engine-b", replacing="engine-a") == "engine-b"
+    await bind(first, "s1", "engine-a")
+    assert await bind(first, "s1", "engine-b", replacing="engine-a") == "engine-b"
     # the second gateway also saw engine-a gone, but the first already moved the session
-    assert await second.bind("s1", "engine-c", replacing="engine-a") == "engine-b"
+    assert await bind(second, "s1", "engine-c", replacing="engine-a") == "engine-b"
 
 
 async def test_bindings_expire_unless_used(redis, prefix):
     bindings = EngineBindings(redis, "session", prefix=prefix, ttl_s=0.3)
-    await bindings.bind("used", "engine-a")
-    await bindings.bind("idle", "engine-a")
+    await bind(bindings, "used", "engine-a")
+    await bind(bindings, "idle", "engine-a")
     await asyncio.sleep(0.2)
-    assert await bindings.get("used") == "engine-a"
+    assert await get(bindings, "used") == "engine-a"
     await asyncio.sleep(0.2)
-    assert await bindings.get("used") == "engine-a"
-    assert await bindings.get("idle") is None
-    assert await bindings.bind("idle", "engine-b", replacing="engine-a") == "engine-b"
-
-
-async def test_bind_many_and_get_many(redis, prefix):
-    bindings = EngineBindings(redis, "prefix", prefix=prefix, ttl_s=60)
-    assert await bindings.bind_many([("h1", "a", None), ("h2", "a", None)]) == ["a", "a"]
-    assert await bindings.get_many(["h1", "h2", "h3"]) == ["a", "a", None]
-    await bindings.unbind("h1")
-    assert await bindings.get_many(["h1"]) == [None]
+    assert await get(bindings, "used") == "engine-a"
+    assert await get(bindings, "idle") is None
+    assert await bind(bindings, "idle", "engine-b", replacing="engine-a") == "engine-b"
 
 
 def test_prefix_hashes_cover_full_blocks_only_and_chain():

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from conveyor.common.redis_scripts import run_script_calls
 from conveyor.gateway.tenancy.admission import TenantAdmitter
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
 from conveyor.gateway.tenancy.errors import MissingApiKey, RateLimited
@@ -32,7 +33,7 @@ async def test_a_keyed_request_is_admitted_and_settled(redis, prefix):
     assert admission.engine_priority(None) == 20 and admission.engine_priority(3) == 23
     with pytest.raises(RateLimited):
         await admitter.admit(tenant, 100, 100)
-    await admission.settle(Usage(completion_tokens=700))
+    await run_script_calls(redis, [admission.settle_call(Usage(completion_tokens=700))])
     await admitter.admit(tenant, 100, 100)
 
 
@@ -41,8 +42,7 @@ async def test_settle_without_usage_returns_the_prompt_too(redis, prefix):
                                                             anonymous_tier="free"))
     tenant = await admitter.authenticate({})
     admission = await admitter.admit(tenant, 500, 500)
-    await admission.settle(None)
-    await admission.settle(None)
+    await run_script_calls(redis, [admission.settle_call(None), admission.settle_call(None)])
     await admitter.admit(tenant, 500, 500)
 
 

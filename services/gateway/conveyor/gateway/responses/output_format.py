@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 
 from conveyor.gateway.api_models import ChatMessage
 from conveyor.gateway.errors import APIError
-from conveyor.gateway.generation import GenerationDelta
 from conveyor.gateway.response_formats import (
     ChoiceResult,
     OutputOptions,
@@ -39,7 +38,7 @@ from conveyor.gateway.response_formats import (
 )
 from conveyor.gateway.responses.conversation import ResponsesTurn
 from conveyor.gateway.responses.store import StoredResponse
-from conveyor.gateway.wire import PositionLogprobs, PromptTokens, ToolCallDelta
+from conveyor.gateway.wire import GenerationDelta, PositionLogprobs, PromptTokens, ToolCallDelta
 
 
 @dataclass(slots=True)

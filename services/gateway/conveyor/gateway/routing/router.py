@@ -52,7 +52,7 @@ import logging
 import time
 from array import array
 from collections import deque
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -69,15 +69,13 @@ from conveyor.common.engine_registry import (
     EngineRegistry,
     require_decoded_responses,
 )
-from conveyor.common.grpc_client import DEFAULT_KEEPALIVE, Keepalive, open_channel
+from conveyor.common.grpc_client import DEFAULT_KEEPALIVE, Channels, Keepalive
 from conveyor.common.left_out import LeftOut
 from conveyor.common.redis_scripts import ScriptCall, run_script_calls
 from conveyor.gateway import wire
 from conveyor.gateway.routing.settings import RoutingSettings
 from conveyor.gateway.wire import (
-    EngineChunk,
     EngineFacts,
-    GenerateJob,
     LoraAdapter,
     LoraAdapterFacts,
     UpstreamError,
@@ -94,40 +92,21 @@ log = logging.getLogger("conveyor.gateway.routing")
 SERVICE = "engine"
 
 
-class EngineStream:
-    """An open Generate stream. Iterate it for chunks; `cancel()` aborts the
-    request in the engine (its KV blocks go back to the pool at the next step)."""
-
-    def __init__(self, call: grpc.aio.UnaryStreamCall):
-        self._call = call
-
-    async def __aiter__(self) -> AsyncIterator[EngineChunk]:
-        with translate_rpc_errors(SERVICE):
-            async for message in self._call:
-                yield wire.engine_chunk(message)
-
-    def cancel(self) -> None:
-        self._call.cancel()
-
-
 class EngineClient:
-    """Calls to the engine at `address` over one shared channel."""
+    """Unary calls to the engine at `address` over one shared channel (its Generate stream
+    is detok's to open: text_services.DetokClient.generate)."""
 
     def __init__(self, address: str, channel: grpc.aio.Channel, rpc_timeout_s: float):
         self.address = address
         self._stub = engine_pb2_grpc.EngineStub(channel)
         self._timeout_s = rpc_timeout_s
 
-    def generate(self, job: GenerateJob) -> EngineStream:
-        """Start generating; nothing is awaited until the stream is iterated."""
-        return EngineStream(self._stub.Generate(wire.generate_request(job)))
-
     async def stats(self, timeout_s: float | None = None) -> EngineLoad:
         with translate_rpc_errors(SERVICE):
             reply = await self._stub.Stats(
                 wire.stats_request(), timeout=timeout_s or self._timeout_s
             )
-        return wire.engine_load(reply)
+        return EngineLoad.from_stats(reply)
 
     async def info(self) -> EngineFacts:
         with translate_rpc_errors(SERVICE):
@@ -153,29 +132,25 @@ class EngineClients:
 
     def __init__(self, rpc_timeout_s: float, keepalive: Keepalive = DEFAULT_KEEPALIVE):
         self._rpc_timeout_s = rpc_timeout_s
-        self._keepalive = keepalive
+        self._channels = Channels(keepalive)
         self._clients: dict[str, EngineClient] = {}
-        self._channels: list[grpc.aio.Channel] = []
 
     def client(self, address: str) -> EngineClient:
         """The client of the engine at `address` (host:port); never awaits."""
         client = self._clients.get(address)
         if client is None:
-            channel = open_channel(address, self._keepalive)
-            self._channels.append(channel)
-            client = self._clients[address] = EngineClient(address, channel,
-                                                           self._rpc_timeout_s)
+            client = self._clients[address] = EngineClient(
+                address, self._channels.channel(address), self._rpc_timeout_s)
         return client
 
     async def close(self) -> None:
-        for channel in self._channels:
-            await channel.close()
+        await self._channels.close()
 
 
 # -- the configured engines (while none registered) --------------------------------------
 
 class NoEngineAvailable(Exception):
-    """No configured engine answered; the caller should retry later."""
+    """No live engine serves the request (`Router.pick`); the caller should retry later."""
 
 
 class AdaptersNotServed(Exception):
@@ -189,7 +164,8 @@ class AdaptersNotServed(Exception):
 
 
 class EnginePicker:
-    """Picks the least loaded engine among those that answered Stats."""
+    """The configured engines' loads as Stats answers them, asked once per `max_age_s`
+    for all requests."""
 
     def __init__(self, engines: list[EngineClient], stats_timeout_s: float,
                  max_age_s: float = 0.25):
@@ -202,16 +178,6 @@ class EnginePicker:
         self._loads_at = float("-inf")
         self._round: asyncio.Future | None = None
 
-    async def pick(self) -> EngineClient:
-        """The least loaded reachable engine; raises NoEngineAvailable when none answers."""
-        loads = await self.loads()
-        reachable = [i for i, load in enumerate(loads) if load is not None]
-        if not reachable:
-            raise NoEngineAvailable(f"none of {len(self.engines)} engine(s) answered")
-        best = min(reachable, key=lambda i: _load_key(loads[i]))
-        loads[best] = replace(loads[best], num_waiting=loads[best].num_waiting + 1)
-        return self.engines[best]
-
     async def loads(self) -> list[EngineLoad | None]:
         """Each engine's load (None: did not answer), at most max_age_s old."""
         loop = asyncio.get_running_loop()
@@ -223,9 +189,6 @@ class EnginePicker:
             self._loads_at = loop.time()
         return self._loads
 
-    async def any_reachable(self) -> bool:
-        return any(load is not None for load in await self.loads())
-
     async def _ask_all(self) -> list[EngineLoad | None]:
         return list(await asyncio.gather(*(self._load_of(e) for e in self.engines)))
 
@@ -235,10 +198,6 @@ class EnginePicker:
         except UpstreamError as error:
             log.warning("engine %s did not answer Stats: %s", engine.address, error)
             return None
-
-
-def _load_key(load: EngineLoad) -> tuple[int, float]:
-    return (load.num_requests, load.kv_usage)
 
 
 class StaticEngines:
@@ -354,16 +313,6 @@ class EngineBindings:
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._bind = redis.register_script(_BIND_LUA)
 
-    async def get(self, name: str) -> str | None:
-        """The bound engine id, refreshing the binding's TTL; None if unbound."""
-        return await self._redis.getex(self._key(name), px=self._ttl_ms)
-
-    async def get_many(self, names: Sequence[str]) -> list[str | None]:
-        """Bound engine ids of several names (no TTL refresh), None where unbound."""
-        if not names:
-            return []
-        return await self._redis.mget([self._key(name) for name in names])
-
     @property
     def redis(self) -> Redis:
         return self._redis
@@ -373,36 +322,22 @@ class EngineBindings:
         return self._redis.pipeline(transaction=False)
 
     def queue_get(self, pipe: Pipeline, name: str) -> None:
-        """Queue `get(name)` on a pipeline (its reply: the bound engine id or None)."""
+        """Queue a read of `name`'s binding that refreshes its TTL (its reply: the bound
+        engine id, None if unbound)."""
         pipe.getex(self._key(name), px=self._ttl_ms)
 
     def queue_get_many(self, pipe: Pipeline, names: Sequence[str]) -> None:
-        """Queue `get_many(names)` (non-empty) on a pipeline."""
+        """Queue a read of several (non-empty) names' bindings, no TTL refresh (its reply:
+        their engine ids, None where unbound)."""
         pipe.mget([self._key(name) for name in names])
 
-    async def bind(self, name: str, engine_id: str, *, replacing: str | None = None) -> str:
-        """Bind `name` to `engine_id` if it is unbound or still bound to `replacing`;
-        returns the engine id the name is bound to afterwards (maybe another
-        gateway's choice)."""
-        call = self.bind_call(name, engine_id, replacing=replacing)
-        return await call.script(keys=call.keys, args=call.args)
-
     def bind_call(self, name: str, engine_id: str, *, replacing: str | None = None) -> ScriptCall:
-        """`bind` as a script call, to run with others in one round trip
-        (common.redis_scripts); its reply is `bind`'s."""
+        """Bind `name` to `engine_id` if it is unbound or still bound to `replacing`, as a
+        script call to run with others in one round trip (common.redis_scripts); its
+        reply: the engine id the name is bound to afterwards (maybe another gateway's
+        choice)."""
         return ScriptCall(self._bind, [self._key(name)],
                           [engine_id, replacing or "", self._ttl_ms])
-
-    async def bind_many(self, bindings: Sequence[tuple[str, str, str | None]]) -> list[str]:
-        """`bind` for several (name, engine_id, replacing) in one round trip (a pipeline
-        of EVALSHAs: redis-py's own script pipelines ask SCRIPT EXISTS first, a second
-        round trip)."""
-        return await run_script_calls(self._redis, [
-            self.bind_call(name, engine_id, replacing=replacing)
-            for name, engine_id, replacing in bindings])
-
-    async def unbind(self, name: str) -> None:
-        await self._redis.delete(self._key(name))
 
     def _key(self, name: str) -> str:
         return self._key_prefix + name

@@ -329,8 +329,9 @@ class CompletionCount(Protocol):
 
 @dataclass(slots=True)
 class TenantAdmission:
-    """A request's admission: `reserve` it, then `settle` on every way out (once is
-    enough, more is harmless, and settling one that was never reserved is a no-op)."""
+    """A request's admission: `reserve` it, then settle it (`settle_call`) on every way
+    out (once is enough, more is harmless, and settling one that was never reserved is a
+    no-op)."""
 
     tenant: Tenant
     reservation: Reservation
@@ -358,18 +359,13 @@ class TenantAdmission:
         """The engine priority of the request's `priority` field (400 if not allowed)."""
         return engine_priority(self.tenant.tier, requested)
 
-    async def settle(self, usage: CompletionCount | None) -> None:
-        """Return the unused tokens and the concurrency slot. `usage` None means the
-        request never produced output (failed or cancelled before the first
-        token): its prompt tokens are returned too."""
-        num_completion_tokens, refund_prompt = self._spent(usage)
-        await self.control.settle(self.reservation, num_completion_tokens,
-                                  refund_prompt=refund_prompt)
-
     def settle_call(self, usage: CompletionCount | None,
                     timeline: TimelineWrite | None = None) -> ScriptCall | None:
-        """`settle` (writing `timeline` too) as a script call to run with others in one
-        round trip; None when the admission touches no Redis (a batch line)."""
+        """Return the unused tokens and the concurrency slot (and write `timeline`), as a
+        script call to run with others in one round trip; None when the admission touches
+        no Redis (a batch line). `usage` None means the request never produced output
+        (failed or cancelled before the first token): its prompt tokens are returned
+        too."""
         num_completion_tokens, refund_prompt = self._spent(usage)
         return self.control.settle_call(self.reservation, num_completion_tokens,
                                         refund_prompt=refund_prompt, timeline=timeline)

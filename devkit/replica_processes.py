@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from conveyor.common.testing import ServiceProcess
+from devkit.service_process import ServiceProcess
 
 MODEL = "smollm2-135m-instruct"
 HEARTBEAT_S = "0.5"
