@@ -1,6 +1,6 @@
 """Redis goes away mid-run and comes back: the stated behaviour, then full recovery.
 
-docs/architecture.md ("When Redis is unavailable") states it: quotas fail closed (503
+docs/deployment.md ("When Redis is unavailable") states it: quotas fail closed (503
 redis_unavailable, Retry-After) unless CONVEYOR_GATEWAY_QUOTA_FAIL_OPEN; keys this
 gateway saw valid still authenticate; routing uses the registry's last listing, else
 the static engines; timelines are best effort; no request waits past the Redis

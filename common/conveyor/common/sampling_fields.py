@@ -13,7 +13,7 @@ the value an unset parameter means, its type, its range and a one-line descripti
   against the same ranges (`knob_problem`).
 
 So a new optional parameter is a proto field, a line here, and the engine code that
-uses it (docs/architecture.md, "Adding a sampling parameter").
+uses it (docs/api.md, "Adding a sampling parameter").
 """
 
 import math

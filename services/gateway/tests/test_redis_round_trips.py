@@ -1,5 +1,5 @@
 """The Redis budget of one streamed chat request (API keys on, caches warm): at most four
-round trips, at most two of them before the first byte (docs/architecture.md, "Redis
+round trips, at most two of them before the first byte (docs/deployment.md, "Redis
 round trips of one request"). Counted where redis-py writes to its sockets: one write of
 packed commands (a command, a pipeline, a MULTI block) is one round trip."""
 

@@ -18,7 +18,7 @@ second cancellation:
 
 Settling, the timeline's end, the bindings and a stored response are one Redis round
 trip; with the admission (its timeline start inside) and the routing read that makes
-three per request, two before the first byte (docs/architecture.md, "Redis round
+three per request, two before the first byte (docs/deployment.md, "Redis round
 trips"); a Responses request continuing a stored one reads it once more.
 
 The stages, in order: `admit` (caller, model, limits, prompts, quota), `start`
