@@ -237,7 +237,7 @@ def async_openai(stack):
 async def engine_client(stack):
     """The gateway's own client of the engine, for Stats."""
     from conveyor.common.grpc_client import open_channel
-    from conveyor.gateway.routing.router import EngineClient
+    from conveyor.gateway.clients.engine import EngineClient
 
     channel = open_channel(stack.engine.address)
     yield EngineClient(stack.engine.address, channel, rpc_timeout_s=5)

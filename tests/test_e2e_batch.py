@@ -255,7 +255,7 @@ def test_cli_runs_a_file_to_its_output(gateway, keys, worker, tmp_path):
 
 async def test_interactive_requests_go_before_batch_lines(launch, files_dir, keys, worker):
     from conveyor.common.grpc_client import open_channel
-    from conveyor.gateway.routing.router import EngineClient
+    from conveyor.gateway.clients.engine import EngineClient
 
     [engine] = launch.engines("engine-batch-2-seats", MAX_NUM_SEQS="2")
     gateway = launch.gateway("gateway-batch-2-seats", CONVEYOR_GATEWAY_AUTH_ENABLED="true",

@@ -23,7 +23,7 @@ import pytest
 from redis.asyncio import Redis
 
 from conveyor.common.grpc_client import open_channel
-from conveyor.gateway.routing.router import EngineClient
+from conveyor.gateway.clients.engine import EngineClient
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
 from conveyor.gateway.tenancy.tiers import build_tiers
 

@@ -19,10 +19,10 @@ import pytest
 from redis.asyncio import Redis
 
 from conveyor.common.grpc_client import open_channel
-from conveyor.gateway.routing.router import EngineClient
+from conveyor.gateway.clients.engine import EngineClient, GenerateJob, SamplingOptions
+from conveyor.gateway.clients.upstream import UpstreamError
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
 from conveyor.gateway.tenancy.tiers import build_tiers
-from conveyor.gateway.wire import GenerateJob, SamplingOptions, UpstreamError
 
 pytestmark = pytest.mark.slow
 

@@ -252,7 +252,7 @@ async def _race_premium_against_queued_batch(client: httpx.AsyncClient, engine_a
 
 async def _wait_for_engine(address: str, num_running: int, num_waiting: int) -> None:
     from conveyor.common.grpc_client import open_channel
-    from conveyor.gateway.routing.router import EngineClient
+    from conveyor.gateway.clients.engine import EngineClient
 
     channel = open_channel(address)
     try:

@@ -15,15 +15,14 @@ from conveyor.common.models import load_tokenizer, resolve_model
 from conveyor.common.replica_set import ReplicaSet
 from conveyor.common.settings import ServiceSettings
 from conveyor.detok.server import registration
-from conveyor.gateway.generation import ChoiceStream
-from conveyor.gateway.text_services import DetokClient
-from conveyor.gateway.wire import (
+from conveyor.gateway.clients.detok import (
+    DetokClient,
     DetokOptions,
-    GenerateJob,
-    SamplingOptions,
     ToolCallFormat,
     ToolCallParsing,
 )
+from conveyor.gateway.clients.engine import GenerateJob, SamplingOptions
+from conveyor.gateway.generation import ChoiceStream
 from conveyor.v1 import engine_pb2, engine_pb2_grpc
 
 TEXT = ('I will check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'

@@ -14,15 +14,11 @@ import pytest
 from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
 from conveyor.common.replica_set import ReplicaSet
 from conveyor.common.settings import ServiceSettings
+from conveyor.gateway.clients.detok import DetokClient, DetokOptions, GenerationDelta
+from conveyor.gateway.clients.engine import GenerateJob, SamplingOptions
+from conveyor.gateway.clients.tokenizer import TokenizerClient
+from conveyor.gateway.clients.upstream import UpstreamError
 from conveyor.gateway.generation import ChoiceStream
-from conveyor.gateway.text_services import DetokClient, TokenizerClient
-from conveyor.gateway.wire import (
-    DetokOptions,
-    GenerateJob,
-    GenerationDelta,
-    SamplingOptions,
-    UpstreamError,
-)
 from conveyor.v1 import detok_pb2_grpc, engine_pb2_grpc, tokenizer_pb2_grpc
 
 

@@ -10,10 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from conveyor.gateway.api_models import ChatCompletionRequest, CompletionRequest
+from conveyor.gateway.clients.detok import GenerationDelta, ToolCallDelta, ToolCallFormat
+from conveyor.gateway.clients.engine import ConstraintKind
 from conveyor.gateway.errors import APIError
 from conveyor.gateway.output_constraints import output_plan
 from conveyor.gateway.response_formats import ChatFormat, ChoiceResult
-from conveyor.gateway.wire import ConstraintKind, GenerationDelta, ToolCallDelta, ToolCallFormat
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

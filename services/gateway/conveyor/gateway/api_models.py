@@ -28,17 +28,12 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.common.sampling_fields import INT32_MAX, KNOBS, Knob
+from conveyor.gateway.clients.detok import DetokOptions, ToolCallParsing
+from conveyor.gateway.clients.engine import SamplingOptions
+from conveyor.gateway.clients.tokenizer import ChatTurn, PromptTokens, RenderInput
 from conveyor.gateway.errors import APIError, bad_request, context_length_exceeded
+from conveyor.gateway.models import ServedModel
 from conveyor.gateway.response_formats import OutputOptions
-from conveyor.gateway.text_services import ServedModel
-from conveyor.gateway.wire import (
-    ChatTurn,
-    DetokOptions,
-    PromptTokens,
-    RenderInput,
-    SamplingOptions,
-    ToolCallParsing,
-)
 
 # -- body limit --------------------------------------------------------------------------
 

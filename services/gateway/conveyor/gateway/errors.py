@@ -16,9 +16,9 @@ from redis.exceptions import RedisError
 from starlette.responses import JSONResponse
 
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, QUEUE_FULL
+from conveyor.gateway.clients.upstream import UpstreamError
 from conveyor.gateway.routing.router import AdaptersNotServed, NoEngineAvailable
 from conveyor.gateway.tenancy.errors import TenancyError
-from conveyor.gateway.wire import UpstreamError
 
 log = logging.getLogger("conveyor.gateway.errors")
 

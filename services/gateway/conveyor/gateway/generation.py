@@ -17,16 +17,16 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
-from conveyor.gateway.errors import EngineAborted
-from conveyor.gateway.text_services import DetokClient, TextStream
-from conveyor.gateway.wire import (
+from conveyor.gateway.clients.detok import (
+    DetokClient,
     DetokOptions,
-    GenerateJob,
     GenerationDelta,
     TextSoFar,
-    TokenUsage,
-    UpstreamError,
+    TextStream,
 )
+from conveyor.gateway.clients.engine import GenerateJob, TokenUsage
+from conveyor.gateway.clients.upstream import UpstreamError
+from conveyor.gateway.errors import EngineAborted
 
 Target = tuple[str, str]
 """An engine a generation runs on: its registry id and its address."""

@@ -57,6 +57,10 @@ from conveyor.gateway.api_models import (
     render_input,
     sampling_options,
 )
+from conveyor.gateway.clients.detok import DetokOptions, GenerationDelta, TextStream, ToolCallFormat
+from conveyor.gateway.clients.engine import GenerateJob
+from conveyor.gateway.clients.tokenizer import PromptInput, PromptTokens
+from conveyor.gateway.clients.upstream import UpstreamError
 from conveyor.gateway.errors import (
     APIError,
     ClientDisconnected,
@@ -73,6 +77,7 @@ from conveyor.gateway.generation import (
     Target,
     shared_move,
 )
+from conveyor.gateway.models import ServedModel
 from conveyor.gateway.observability import DISCONNECTED_STATUS, describe_generation, record_usage
 from conveyor.gateway.output_constraints import OutputPlan, output_plan
 from conveyor.gateway.pipeline import Pipeline
@@ -90,16 +95,6 @@ from conveyor.gateway.routing.router import (
 from conveyor.gateway.tenancy.admission import TenantAdmission, engine_priority
 from conveyor.gateway.tenancy.api_keys import Tenant
 from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft, TimelineWrite
-from conveyor.gateway.text_services import ServedModel, TextStream
-from conveyor.gateway.wire import (
-    DetokOptions,
-    GenerateJob,
-    GenerationDelta,
-    PromptInput,
-    PromptTokens,
-    ToolCallFormat,
-    UpstreamError,
-)
 
 log = logging.getLogger("conveyor.gateway.requests")
 

@@ -31,14 +31,9 @@ from conveyor.gateway.api_models import (
     JsonSchemaFormat,
     NamedToolChoice,
 )
+from conveyor.gateway.clients.detok import OfferedTool, ToolCallFormat, ToolCallParsing
+from conveyor.gateway.clients.engine import Constraint, ConstraintKind
 from conveyor.gateway.errors import bad_request
-from conveyor.gateway.wire import (
-    Constraint,
-    ConstraintKind,
-    OfferedTool,
-    ToolCallFormat,
-    ToolCallParsing,
-)
 
 GRAMMAR_BACKENDS = ("auto", "guidance")
 """Values of guided_decoding_backend the engine honours (it has one grammar library)."""

@@ -3,30 +3,26 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import grpc
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from conveyor.common.engine_registry import EngineRegistry
 from conveyor.common.grpc_client import Keepalive
+from conveyor.gateway.clients.detok import DetokClient
+from conveyor.gateway.clients.engine import EngineClients
+from conveyor.gateway.clients.tokenizer import TokenizerClient
 from conveyor.gateway.lora.catalog import LoraCatalog
+from conveyor.gateway.models import ModelCatalog
 from conveyor.gateway.observability import GatewayMetrics
 from conveyor.gateway.replica_sets import replica_set
 from conveyor.gateway.responses.store import ResponseStore
-from conveyor.gateway.routing.router import (
-    EngineClients,
-    EngineDirectory,
-    EnginePicker,
-    Router,
-    StaticEngines,
-)
+from conveyor.gateway.routing.router import EngineDirectory, EnginePicker, Router, StaticEngines
 from conveyor.gateway.settings import GatewaySettings
 from conveyor.gateway.tenancy.admission import TenantAdmitter
 from conveyor.gateway.tenancy.timeline import TimelineStore
-from conveyor.gateway.text_services import DetokClient, ModelCatalog, TokenizerClient
 from conveyor.gateway.token_texts import TokenTexts
 
 log = logging.getLogger("conveyor.gateway")
@@ -53,7 +49,6 @@ class Pipeline:
     token_texts: TokenTexts
     metrics: GatewayMetrics
     responses: ResponseStore
-    channels: list[grpc.aio.Channel] = field(default_factory=list)
     draining: bool = False
 
     @classmethod
@@ -96,8 +91,6 @@ class Pipeline:
         )
 
     async def close(self) -> None:
-        for channel in self.channels:
-            await channel.close()
         await self.tokenizer.close()
         await self.detok.close()
         await self.engines.close()

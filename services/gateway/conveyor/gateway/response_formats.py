@@ -15,14 +15,10 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from conveyor.gateway.clients.detok import GenerationDelta, ToolCallDelta
+from conveyor.gateway.clients.engine import PositionLogprobs, TokenUsage
+from conveyor.gateway.clients.tokenizer import PromptTokens
 from conveyor.gateway.errors import APIError
-from conveyor.gateway.wire import (
-    GenerationDelta,
-    PositionLogprobs,
-    PromptTokens,
-    TokenUsage,
-    ToolCallDelta,
-)
 
 # -- usage totals ------------------------------------------------------------------------
 

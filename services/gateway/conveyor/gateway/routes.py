@@ -44,6 +44,7 @@ from conveyor.gateway.api_models import (
     TokenizeRequest,
     chat_turns,
 )
+from conveyor.gateway.clients.tokenizer import PromptInput, RenderInput
 from conveyor.gateway.errors import (
     ClientDisconnected,
     RequestTimedOut,
@@ -51,10 +52,9 @@ from conveyor.gateway.errors import (
     to_api_error,
 )
 from conveyor.gateway.generation_request import CHAT, COMPLETIONS, EndpointKind, GenerationRequest
+from conveyor.gateway.models import ServedModel
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.response_formats import ChoiceResult, ResponseFormat
-from conveyor.gateway.text_services import ServedModel
-from conveyor.gateway.wire import PromptInput, RenderInput
 
 # -- response stream ---------------------------------------------------------------------
 

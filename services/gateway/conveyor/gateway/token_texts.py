@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from conveyor.gateway.text_services import TokenizerClient
+from conveyor.gateway.clients.tokenizer import TokenizerClient
 
 
 class TokenTexts:

@@ -14,8 +14,9 @@ from conveyor.common.engine_registry import EngineEntry, EngineLoad, EngineRegis
 from conveyor.common.grpc_client import open_channel
 from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
 from conveyor.common.settings import ServiceSettings
+from conveyor.gateway.clients.engine import EngineClient
+from conveyor.gateway.clients.upstream import UpstreamError
 from conveyor.gateway.routing.router import (
-    EngineClient,
     EngineDirectory,
     EnginePicker,
     LoadPolicy,
@@ -23,7 +24,6 @@ from conveyor.gateway.routing.router import (
     StaticEngines,
 )
 from conveyor.gateway.routing.settings import RoutingSettings
-from conveyor.gateway.wire import UpstreamError
 from conveyor.v1 import engine_pb2, engine_pb2_grpc
 
 FULL = dict(num_running=0, num_waiting=2, kv_usage=0.5, num_free_blocks=5, num_blocks=10,

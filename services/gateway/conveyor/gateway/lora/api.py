@@ -31,13 +31,13 @@ from pydantic import AfterValidator, Field
 from starlette.responses import Response
 
 from conveyor.gateway.api_models import RequestBody
+from conveyor.gateway.clients.upstream import UpstreamError
 from conveyor.gateway.errors import APIError, bad_request
 from conveyor.gateway.lora.catalog import AdapterRecord, check_adapter_name
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.routes import model_card, serve_simple
 from conveyor.gateway.tenancy.api_keys import check_tenant_id
 from conveyor.gateway.tenancy.errors import PermissionDenied
-from conveyor.gateway.wire import UpstreamError
 
 log = logging.getLogger("conveyor.gateway.lora")
 

@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from conveyor.common.engine_registry import require_decoded_responses
-from conveyor.gateway.wire import LoraAdapter
+from conveyor.gateway.clients.engine import LoraAdapter
 
 log = logging.getLogger("conveyor.gateway.lora")
 

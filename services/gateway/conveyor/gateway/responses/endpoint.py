@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from conveyor.common.redis_scripts import ScriptCall
 from conveyor.gateway.api_models import chat_turns, num_top_logprobs, output_options, render_input
+from conveyor.gateway.clients.tokenizer import PromptTokens
 from conveyor.gateway.generation_request import EndpointKind, GenerationRequest
 from conveyor.gateway.responses.conversation import ResponsesChat
 from conveyor.gateway.responses.output_format import ResponsesFormat
-from conveyor.gateway.wire import PromptTokens
 
 
 async def _render_turn(request: GenerationRequest) -> list[PromptTokens]:

@@ -28,6 +28,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from conveyor.gateway.api_models import ChatMessage
+from conveyor.gateway.clients.detok import GenerationDelta, ToolCallDelta
+from conveyor.gateway.clients.engine import PositionLogprobs
+from conveyor.gateway.clients.tokenizer import PromptTokens
 from conveyor.gateway.errors import APIError
 from conveyor.gateway.response_formats import (
     ChoiceResult,
@@ -38,7 +41,6 @@ from conveyor.gateway.response_formats import (
 )
 from conveyor.gateway.responses.conversation import ResponsesTurn
 from conveyor.gateway.responses.store import StoredResponse
-from conveyor.gateway.wire import GenerationDelta, PositionLogprobs, PromptTokens, ToolCallDelta
 
 
 @dataclass(slots=True)

@@ -56,7 +56,6 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-import grpc
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
@@ -69,19 +68,11 @@ from conveyor.common.engine_registry import (
     EngineRegistry,
     require_decoded_responses,
 )
-from conveyor.common.grpc_client import DEFAULT_KEEPALIVE, Channels, Keepalive
 from conveyor.common.left_out import LeftOut
 from conveyor.common.redis_scripts import ScriptCall, run_script_calls
-from conveyor.gateway import wire
+from conveyor.gateway.clients.engine import EngineClient, EngineFacts
+from conveyor.gateway.clients.upstream import UpstreamError
 from conveyor.gateway.routing.settings import RoutingSettings
-from conveyor.gateway.wire import (
-    EngineFacts,
-    LoraAdapter,
-    LoraAdapterFacts,
-    UpstreamError,
-    translate_rpc_errors,
-)
-from conveyor.v1 import engine_pb2_grpc
 
 log = logging.getLogger("conveyor.gateway.routing")
 
@@ -89,62 +80,10 @@ log = logging.getLogger("conveyor.gateway.routing")
 
 # -- engine clients ----------------------------------------------------------------------
 
-SERVICE = "engine"
 
 
-class EngineClient:
-    """Unary calls to the engine at `address` over one shared channel (its Generate stream
-    is detok's to open: text_services.DetokClient.generate)."""
-
-    def __init__(self, address: str, channel: grpc.aio.Channel, rpc_timeout_s: float):
-        self.address = address
-        self._stub = engine_pb2_grpc.EngineStub(channel)
-        self._timeout_s = rpc_timeout_s
-
-    async def stats(self, timeout_s: float | None = None) -> EngineLoad:
-        with translate_rpc_errors(SERVICE):
-            reply = await self._stub.Stats(
-                wire.stats_request(), timeout=timeout_s or self._timeout_s
-            )
-        return EngineLoad.from_stats(reply)
-
-    async def info(self) -> EngineFacts:
-        with translate_rpc_errors(SERVICE):
-            reply = await self._stub.Info(wire.engine_info_request(), timeout=self._timeout_s)
-        return wire.engine_facts(reply)
-
-    async def load_lora_adapter(self, adapter: LoraAdapter) -> LoraAdapterFacts:
-        """Have the engine read `adapter` (UpstreamError INVALID_ARGUMENT if it cannot)."""
-        with translate_rpc_errors(SERVICE):
-            reply = await self._stub.LoadLoraAdapter(wire.lora_adapter(adapter),
-                                                     timeout=self._timeout_s)
-        return wire.lora_adapter_facts(reply)
-
-    async def unload_lora_adapter(self, name: str) -> None:
-        """Have the engine drop adapter `name` (UpstreamError NOT_FOUND if it holds none)."""
-        with translate_rpc_errors(SERVICE):
-            await self._stub.UnloadLoraAdapter(wire.lora_adapter(LoraAdapter(name, "")),
-                                               timeout=self._timeout_s)
 
 
-class EngineClients:
-    """A lazy {address: EngineClient} cache; `close()` closes every channel opened."""
-
-    def __init__(self, rpc_timeout_s: float, keepalive: Keepalive = DEFAULT_KEEPALIVE):
-        self._rpc_timeout_s = rpc_timeout_s
-        self._channels = Channels(keepalive)
-        self._clients: dict[str, EngineClient] = {}
-
-    def client(self, address: str) -> EngineClient:
-        """The client of the engine at `address` (host:port); never awaits."""
-        client = self._clients.get(address)
-        if client is None:
-            client = self._clients[address] = EngineClient(
-                address, self._channels.channel(address), self._rpc_timeout_s)
-        return client
-
-    async def close(self) -> None:
-        await self._channels.close()
 
 
 # -- the configured engines (while none registered) --------------------------------------

@@ -1,0 +1,181 @@
+"""The tokenizer's client: unary calls (render, tokenize, decode, info) to its replicas,
+a call a replica fails to answer retried on another (ReplicaSet.call); the records it
+sends and reads, and their one conversion to and from protobuf."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conveyor.common.replica_set import ReplicaSet
+from conveyor.gateway.clients.upstream import UpstreamError, translate_rpc_errors
+from conveyor.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+
+# -- records -----------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class ChatTurn:
+    """One chat message; `parts` (text pieces) win over `content` when given."""
+
+    role: str
+    content: str = ""
+    parts: list[str] = field(default_factory=list)
+    name: str = ""
+    tool_call_id: str = ""
+    tool_calls_json: str = ""
+
+
+@dataclass(slots=True)
+class RenderInput:
+    """A conversation to render with the chat template and tokenize."""
+
+    messages: list[ChatTurn]
+    max_tokens: int = 0
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str = ""
+    tools_json: str = ""
+    chat_template_kwargs_json: str = ""
+
+
+@dataclass(slots=True)
+class PromptInput:
+    """A plain prompt: text or token ids (exactly one of them)."""
+
+    text: str | None = None
+    token_ids: list[int] | None = None
+    add_special_tokens: bool = True
+    max_tokens: int = 0
+
+
+@dataclass(slots=True)
+class PromptTokens:
+    """A tokenized prompt and the model's context length."""
+
+    token_ids: list[int]
+    prompt_text: str
+    max_model_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(slots=True)
+class TokenizerFacts:
+    """What the tokenizer serves (Tokenizer.Info)."""
+
+    model: str
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: list[int]
+
+
+# -- client ------------------------------------------------------------------------------
+
+TOKENIZER_SERVICE = "tokenizer"
+
+
+class TokenizerClient:
+    """Unary calls to the tokenizer replicas, each with a deadline."""
+
+    def __init__(self, replicas: ReplicaSet, rpc_timeout_s: float):
+        self._replicas = replicas
+        self._timeout_s = rpc_timeout_s
+
+    async def render(self, render: RenderInput) -> PromptTokens:
+        return prompt_tokens(await self._call("Render", render_request(render)))
+
+    async def tokenize(self, prompt: PromptInput) -> PromptTokens:
+        return prompt_tokens(
+            await self._call("Tokenize", tokenize_request(prompt)))
+
+    async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        reply = await self._call("Decode", decode_request(token_ids, skip_special_tokens))
+        return reply.text
+
+    async def decode_each(self, token_ids: list[int]) -> list[str]:
+        """The text of each id alone (special tokens kept), in one call."""
+        reply = await self._call("Decode", decode_request(token_ids, False, each_token=True))
+        texts = list(reply.token_texts)
+        if len(texts) != len(token_ids):
+            raise UpstreamError("tokenizer", "INTERNAL", f"Decode gave {len(texts)} texts for "
+                                f"{len(token_ids)} token ids")
+        return texts
+
+    async def info(self) -> TokenizerFacts:
+        return tokenizer_facts(
+            await self._call("Info", tokenizer_pb2.TokenizerInfoRequest()))
+
+    async def is_serving(self) -> bool:
+        return await self._replicas.is_serving(self._timeout_s)
+
+    async def close(self) -> None:
+        await self._replicas.close()
+
+    async def _call(self, method: str, request):
+        """`method` on one replica, on another when that one does not answer."""
+        async def on(channel):
+            stub = tokenizer_pb2_grpc.TokenizerStub(channel)
+            return await getattr(stub, method)(request, timeout=self._timeout_s)
+
+        with translate_rpc_errors(TOKENIZER_SERVICE):
+            return await self._replicas.call(on)
+
+
+# -- protobuf ----------------------------------------------------------------------------
+
+def render_request(render: RenderInput) -> tokenizer_pb2.RenderRequest:
+    return tokenizer_pb2.RenderRequest(
+        messages=[_chat_message(m) for m in render.messages],
+        add_generation_prompt=render.add_generation_prompt,
+        continue_final_message=render.continue_final_message,
+        chat_template=render.chat_template,
+        tools_json=render.tools_json,
+        max_tokens=render.max_tokens,
+        chat_template_kwargs_json=render.chat_template_kwargs_json,
+    )
+
+
+def _chat_message(turn: ChatTurn) -> tokenizer_pb2.ChatMessage:
+    return tokenizer_pb2.ChatMessage(
+        role=turn.role,
+        content=turn.content,
+        parts=[tokenizer_pb2.ContentPart(type="text", text=text) for text in turn.parts],
+        name=turn.name,
+        tool_call_id=turn.tool_call_id,
+        tool_calls_json=turn.tool_calls_json,
+    )
+
+
+def tokenize_request(prompt: PromptInput) -> tokenizer_pb2.TokenizeRequest:
+    request = tokenizer_pb2.TokenizeRequest(
+        add_special_tokens=prompt.add_special_tokens, max_tokens=prompt.max_tokens
+    )
+    if prompt.token_ids is not None:
+        request.token_ids.ids.extend(prompt.token_ids)
+    else:
+        request.text = prompt.text or ""
+    return request
+
+
+def prompt_tokens(message: tokenizer_pb2.TokenizeResponse) -> PromptTokens:
+    return PromptTokens(
+        token_ids=list(message.token_ids),
+        prompt_text=message.prompt_text,
+        max_model_len=message.max_model_len,
+    )
+
+
+def decode_request(token_ids: list[int], skip_special_tokens: bool,
+                   each_token: bool = False) -> tokenizer_pb2.DecodeRequest:
+    return tokenizer_pb2.DecodeRequest(token_ids=token_ids, skip_special_tokens=skip_special_tokens,
+                                       each_token=each_token)
+
+
+def tokenizer_facts(message: tokenizer_pb2.TokenizerInfo) -> TokenizerFacts:
+    return TokenizerFacts(
+        model=message.model,
+        vocab_size=message.vocab_size,
+        max_model_len=message.max_model_len,
+        eos_token_ids=list(message.eos_token_ids),
+    )
