@@ -4,9 +4,9 @@
 the value an unset parameter means, its type, its range and a one-line description
 (`knob(...)`). Each hop reads the table instead of listing the parameters again:
 
-- gateway, `api_models.py`: the request body's field of the same name (None when left
+- gateway, `api/schemas.py`: the request body's field of the same name (None when left
   out), bounded by the range (with OpenAI's tighter `api_le` where there is one);
-- gateway, `wire.py`: each value the client set goes into the proto `SamplingParams`
+- gateway, `clients/engine.py`: each value the client set goes into the proto `SamplingParams`
   field of the same name (an `optional` field, so "unset" survives the wire);
 - engine, `servicer.py`: each proto field that is set goes into the engine's
   `SamplingParams`, which inherits these fields (and their defaults) and checks them

@@ -9,7 +9,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from conveyor.gateway.api_models import ChatCompletionRequest, CompletionRequest
+from conveyor.gateway.api.schemas import ChatCompletionRequest, CompletionRequest
 from conveyor.gateway.clients.detok import GenerationDelta, ToolCallDelta, ToolCallFormat
 from conveyor.gateway.clients.engine import ConstraintKind
 from conveyor.gateway.errors import APIError

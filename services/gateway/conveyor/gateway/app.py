@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from conveyor.gateway.api_models import BodySizeLimitMiddleware
+from conveyor.gateway.api.body_limit import BodySizeLimitMiddleware
 from conveyor.gateway.batches.api import router as batches_router
 from conveyor.gateway.batches.batch_metrics import attach_batch_metrics
 from conveyor.gateway.errors import APIError, error_response, internal_error

@@ -17,7 +17,8 @@ from starlette.responses import JSONResponse
 
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, QUEUE_FULL
 from conveyor.gateway.clients.upstream import UpstreamError
-from conveyor.gateway.routing.router import AdaptersNotServed, NoEngineAvailable
+from conveyor.gateway.routing.directory import NoEngineAvailable
+from conveyor.gateway.routing.router import AdaptersNotServed
 from conveyor.gateway.tenancy.errors import TenancyError
 
 log = logging.getLogger("conveyor.gateway.errors")

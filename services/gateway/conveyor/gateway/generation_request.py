@@ -45,9 +45,7 @@ from conveyor.common.engine_registry import EngineEntry
 from conveyor.common.errors import QUEUE_FULL
 from conveyor.common.log import request_id_var
 from conveyor.common.redis_scripts import ScriptCall, run_script_calls
-from conveyor.gateway.api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
+from conveyor.gateway.api.mapping import (
     GenerationBody,
     check_limits,
     detok_options,
@@ -57,6 +55,7 @@ from conveyor.gateway.api_models import (
     render_input,
     sampling_options,
 )
+from conveyor.gateway.api.schemas import ChatCompletionRequest, CompletionRequest
 from conveyor.gateway.clients.detok import DetokOptions, GenerationDelta, TextStream, ToolCallFormat
 from conveyor.gateway.clients.engine import GenerateJob
 from conveyor.gateway.clients.tokenizer import PromptInput, PromptTokens
@@ -87,11 +86,9 @@ from conveyor.gateway.response_formats import (
     ResponseFormat,
     UsageTotals,
 )
-from conveyor.gateway.routing.router import (
-    AdaptersNotServed,
-    NoEngineAvailable,
-    PendingBindings,
-)
+from conveyor.gateway.routing.bindings import PendingBindings
+from conveyor.gateway.routing.directory import NoEngineAvailable
+from conveyor.gateway.routing.router import AdaptersNotServed
 from conveyor.gateway.tenancy.admission import TenantAdmission, engine_priority
 from conveyor.gateway.tenancy.api_keys import Tenant
 from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft, TimelineWrite

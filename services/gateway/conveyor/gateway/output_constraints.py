@@ -24,13 +24,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.gateway.api_models import (
-    ChatCompletionRequest,
-    GenerationBody,
-    JsonObjectFormat,
-    JsonSchemaFormat,
-    NamedToolChoice,
-)
+from conveyor.gateway.api.mapping import GenerationBody
+from conveyor.gateway.api.schemas import ChatCompletionRequest
+from conveyor.gateway.api.tools import JsonObjectFormat, JsonSchemaFormat, NamedToolChoice
 from conveyor.gateway.clients.detok import OfferedTool, ToolCallFormat, ToolCallParsing
 from conveyor.gateway.clients.engine import Constraint, ConstraintKind
 from conveyor.gateway.errors import bad_request

@@ -19,7 +19,8 @@ from conveyor.gateway.models import ModelCatalog
 from conveyor.gateway.observability import GatewayMetrics
 from conveyor.gateway.replica_sets import replica_set
 from conveyor.gateway.responses.store import ResponseStore
-from conveyor.gateway.routing.router import EngineDirectory, EnginePicker, Router, StaticEngines
+from conveyor.gateway.routing.directory import EngineDirectory, EnginePicker, StaticEngines
+from conveyor.gateway.routing.router import Router
 from conveyor.gateway.settings import GatewaySettings
 from conveyor.gateway.tenancy.admission import TenantAdmitter
 from conveyor.gateway.tenancy.timeline import TimelineStore

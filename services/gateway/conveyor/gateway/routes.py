@@ -36,13 +36,12 @@ from redis.exceptions import RedisError
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from conveyor.gateway.api_models import (
+from conveyor.gateway.api.mapping import GenerationBody, chat_turns
+from conveyor.gateway.api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
-    GenerationBody,
     TokenizeRequest,
-    chat_turns,
 )
 from conveyor.gateway.clients.tokenizer import PromptInput, RenderInput
 from conveyor.gateway.errors import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.gateway.api_models import INVALID, INVALID_UNICODE, UNSUPPORTED
+from conveyor.gateway.api.fields import INVALID, INVALID_UNICODE, UNSUPPORTED
 from conveyor.gateway.errors import APIError, bad_request
 
 _NOT_AN_OBJECT = {"model_attributes_type", "dict_type", "model_type"}

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from conveyor.common.redis_scripts import run_script_calls
-from conveyor.gateway.routing.router import EngineBindings, prefix_block_hashes
+from conveyor.gateway.routing.bindings import EngineBindings
+from conveyor.gateway.routing.policy import prefix_block_hashes
 
 
 async def bind(bindings: EngineBindings, name: str, engine_id: str,

@@ -8,7 +8,7 @@ import asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from conveyor.common.engine_registry import EngineEntry, EngineLoad, EngineRegistry
-from conveyor.gateway.routing.router import EngineDirectory
+from conveyor.gateway.routing.directory import EngineDirectory
 
 
 class CountedRegistry(EngineRegistry):

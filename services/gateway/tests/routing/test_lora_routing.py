@@ -7,12 +7,9 @@ from __future__ import annotations
 import pytest
 
 from conveyor.common.engine_registry import EngineEntry, EngineLoad, EngineRegistry
-from conveyor.gateway.routing.router import (
-    AdaptersNotServed,
-    NoEngineAvailable,
-    Router,
-    prefix_block_hashes,
-)
+from conveyor.gateway.routing.directory import NoEngineAvailable
+from conveyor.gateway.routing.policy import prefix_block_hashes
+from conveyor.gateway.routing.router import AdaptersNotServed, Router
 from conveyor.gateway.routing.settings import RoutingSettings
 
 PROMPT = list(range(100, 148))  # three full 16-token blocks

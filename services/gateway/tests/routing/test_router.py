@@ -9,7 +9,9 @@ import redis.asyncio.connection as redis_connection
 
 from conveyor.common.engine_registry import EngineEntry, EngineLoad, EngineRegistry
 from conveyor.common.redis_scripts import run_script_calls
-from conveyor.gateway.routing.router import NoEngineAvailable, PendingBindings, Router
+from conveyor.gateway.routing.bindings import PendingBindings
+from conveyor.gateway.routing.directory import NoEngineAvailable
+from conveyor.gateway.routing.router import Router
 from conveyor.gateway.routing.settings import RoutingSettings
 
 PROMPT = list(range(100, 148))  # three full 16-token blocks

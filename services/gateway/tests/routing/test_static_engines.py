@@ -16,13 +16,9 @@ from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
 from conveyor.common.settings import ServiceSettings
 from conveyor.gateway.clients.engine import EngineClient
 from conveyor.gateway.clients.upstream import UpstreamError
-from conveyor.gateway.routing.router import (
-    EngineDirectory,
-    EnginePicker,
-    LoadPolicy,
-    Router,
-    StaticEngines,
-)
+from conveyor.gateway.routing.directory import EngineDirectory, EnginePicker, StaticEngines
+from conveyor.gateway.routing.policy import LoadPolicy
+from conveyor.gateway.routing.router import Router
 from conveyor.gateway.routing.settings import RoutingSettings
 from conveyor.v1 import engine_pb2, engine_pb2_grpc
 

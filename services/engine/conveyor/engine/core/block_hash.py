@@ -4,7 +4,7 @@ sha256 over a fixed byte encoding, not Python's `hash()`: it is the same in ever
 process and run (Python salts `hash(str)` per process, and the cache salt is a
 string), and a 256-bit digest makes an accidental collision between tenants' blocks
 practically impossible. Only the engine computes these: the gateway's prefix routing
-hints are hashes of its own (routing/router.py:prefix_block_hashes, blake2b over its
+hints are hashes of its own (routing/policy.py:prefix_block_hashes, blake2b over its
 own encoding), which name prefixes but never match these. The prefix cache never
 trusts the hash alone: a hit is confirmed against the block's stored `BlockKey`
 (parent hash, token ids, extra keys).

@@ -157,7 +157,7 @@ SERVICE = "engine"
 
 class EngineClient:
     """Unary calls to the engine at `address` over one shared channel (its Generate stream
-    is detok's to open: text_services.DetokClient.generate)."""
+    is detok's to open: clients/detok.py:DetokClient.generate)."""
 
     def __init__(self, address: str, channel: grpc.aio.Channel, rpc_timeout_s: float):
         self.address = address

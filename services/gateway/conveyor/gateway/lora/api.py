@@ -30,7 +30,7 @@ from fastapi import APIRouter, Request
 from pydantic import AfterValidator, Field
 from starlette.responses import Response
 
-from conveyor.gateway.api_models import RequestBody
+from conveyor.gateway.api.fields import RequestBody
 from conveyor.gateway.clients.upstream import UpstreamError
 from conveyor.gateway.errors import APIError, bad_request
 from conveyor.gateway.lora.catalog import AdapterRecord, check_adapter_name

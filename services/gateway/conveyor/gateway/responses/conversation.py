@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 
 from pydantic import PrivateAttr
 
-from conveyor.gateway.api_models import (
-    ChatCompletionRequest,
+from conveyor.gateway.api.fields import StreamOptions
+from conveyor.gateway.api.schemas import ChatCompletionRequest
+from conveyor.gateway.api.tools import (
     ChatMessage,
     FunctionName,
     JsonObjectFormat,
     JsonSchemaFormat,
     JsonSchemaSpec,
     NamedToolChoice,
-    StreamOptions,
     Tool,
 )
 from conveyor.gateway.responses.request_body import (

@@ -27,7 +27,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from conveyor.gateway.api_models import ChatMessage
+from conveyor.gateway.api.tools import ChatMessage
 from conveyor.gateway.clients.detok import GenerationDelta, ToolCallDelta
 from conveyor.gateway.clients.engine import PositionLogprobs
 from conveyor.gateway.clients.tokenizer import PromptTokens

@@ -23,19 +23,16 @@ from pydantic import (
 )
 
 from conveyor.common.sampling_fields import KNOBS
-from conveyor.gateway.api_models import (
+from conveyor.gateway.api.fields import (
     MAX_TOP_LOGPROBS,
     BodyPart,
-    FunctionDefinition,
-    OpenAIOptions,
-    ReasoningEffort,
     TokenCount,
-    Verbosity,
     invalid,
-    knob_field,
     refuse_set_fields,
     unsupported,
 )
+from conveyor.gateway.api.schemas import OpenAIOptions, ReasoningEffort, Verbosity, knob_field
+from conveyor.gateway.api.tools import FunctionDefinition
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 """The one `include` value served: the output text's logprobs."""
