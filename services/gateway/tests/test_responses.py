@@ -13,12 +13,13 @@ from pydantic import TypeAdapter
 from conveyor.gateway.clients.detok import GenerationDelta, ToolCallDelta
 from conveyor.gateway.clients.engine import TokenUsage
 from conveyor.gateway.clients.tokenizer import PromptTokens
-from conveyor.gateway.response_formats import OutputOptions, UsageTotals
+from conveyor.gateway.response_formats import OutputOptions
 from conveyor.gateway.responses.conversation import chat_request
 from conveyor.gateway.responses.output_format import ResponsesFormat
 from conveyor.gateway.responses.request_body import ResponsesRequest
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
 from conveyor.gateway.tenancy.tiers import DEFAULT_TIERS
+from conveyor.gateway.usage_totals import UsageTotals
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 

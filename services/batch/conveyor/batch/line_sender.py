@@ -25,7 +25,7 @@ log = logging.getLogger("conveyor.batch.lines")
 
 BATCH_ID_HEADER = "X-Conveyor-Batch-Id"
 """Names the batch a line belongs to; with the internal token, the gateway bills the
-batch's tenant at its tier's batch priority (conveyor.gateway.tenancy.admission)."""
+batch's tenant at its tier's batch priority (conveyor.gateway.tenancy.batch_lines)."""
 _RETRY_STATUSES = {502, 503, 504}
 
 

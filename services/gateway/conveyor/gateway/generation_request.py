@@ -80,18 +80,14 @@ from conveyor.gateway.models import ServedModel
 from conveyor.gateway.observability import DISCONNECTED_STATUS, describe_generation, record_usage
 from conveyor.gateway.output_constraints import OutputPlan, output_plan
 from conveyor.gateway.pipeline import Pipeline
-from conveyor.gateway.response_formats import (
-    ChatFormat,
-    CompletionFormat,
-    ResponseFormat,
-    UsageTotals,
-)
+from conveyor.gateway.response_formats import ChatFormat, CompletionFormat, ResponseFormat
 from conveyor.gateway.routing.bindings import PendingBindings
 from conveyor.gateway.routing.directory import NoEngineAvailable
 from conveyor.gateway.routing.router import AdaptersNotServed
 from conveyor.gateway.tenancy.admission import TenantAdmission, engine_priority
 from conveyor.gateway.tenancy.api_keys import Tenant
 from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft, TimelineWrite
+from conveyor.gateway.usage_totals import UsageTotals
 
 log = logging.getLogger("conveyor.gateway.requests")
 

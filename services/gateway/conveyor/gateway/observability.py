@@ -34,7 +34,7 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.gateway.response_formats import UsageTotals
+from conveyor.gateway.usage_totals import UsageTotals
 
 # -- metrics -----------------------------------------------------------------------------
 

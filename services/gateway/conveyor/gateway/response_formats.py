@@ -1,12 +1,9 @@
-"""The OpenAI response shapes of chat completions and text completions, their logprobs
-(and vLLM's prompt logprobs), and the usage of a whole response.
+"""The OpenAI response shapes of chat completions and text completions.
 
 Each format turns a choice's GenerationDelta into streaming chunks, and finished
 ChoiceResults into the non-streaming response; it also says how its stream is framed
 (SSE `data:` lines ending in `data: [DONE]`, the Responses API's named events) and which
-token ids its logprobs show. `UsageTotals` counts the tokens of all the choices (prompts
-once, completions summed).
-"""
+token ids its logprobs show (logprob_entries.py); usage_totals.py counts the usage."""
 
 from __future__ import annotations
 
@@ -16,171 +13,18 @@ import time
 from dataclasses import dataclass, field
 
 from conveyor.gateway.clients.detok import GenerationDelta, ToolCallDelta
-from conveyor.gateway.clients.engine import PositionLogprobs, TokenUsage
+from conveyor.gateway.clients.engine import PositionLogprobs
 from conveyor.gateway.clients.tokenizer import PromptTokens
 from conveyor.gateway.errors import APIError
-
-# -- usage totals ------------------------------------------------------------------------
-
-@dataclass(slots=True)
-class UsageTotals:
-    """Choice i answers prompt i // n; a prompt's cached count is its first choice's.
-
-    `completion_tokens` sums the engine's final counts of finished choices, and so do
-    `draft_tokens` and `accepted_draft_tokens` (speculative decoding; for the timeline,
-    not the OpenAI usage); `num_tokens_seen` counts every output token that arrived,
-    finished or not (what a request that was cut short has spent)."""
-
-    prompt_lengths: list[int]
-    n: int
-    completion_tokens: int = 0
-    draft_tokens: int = 0
-    accepted_draft_tokens: int = 0
-    num_tokens_seen: int = 0
-    cached_by_prompt: dict[int, int] = field(default_factory=dict)
-    finish_reasons: dict[int, str] = field(default_factory=dict)
-
-    def observe(self, choice_index: int, delta: GenerationDelta) -> None:
-        """Count one delta of choice `choice_index`; its last one brings the usage."""
-        self.num_tokens_seen += len(delta.token_ids)
-        if delta.finish_reason is not None:
-            self.finish_reasons[choice_index] = delta.finish_reason
-        if delta.usage is not None:
-            self.add(choice_index, delta.usage)
-
-    def add(self, choice_index: int, usage: TokenUsage) -> None:
-        self.completion_tokens += usage.completion_tokens
-        self.draft_tokens += usage.draft_tokens
-        self.accepted_draft_tokens += usage.accepted_draft_tokens
-        if choice_index % self.n == 0:
-            self.cached_by_prompt[choice_index // self.n] = usage.cached_tokens
-
-    @property
-    def num_tokens_spent(self) -> int:
-        """Output tokens to charge: the engine's counts, or what arrived if more."""
-        return max(self.completion_tokens, self.num_tokens_seen)
-
-    @property
-    def finish_reason(self) -> str | None:
-        """The choices' finish reasons, comma-joined in choice order (None: none finished)."""
-        reasons = [self.finish_reasons[i] for i in sorted(self.finish_reasons)]
-        return ",".join(reasons) if reasons else None
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(self.prompt_lengths)
-
-    @property
-    def cached_tokens(self) -> int:
-        return sum(self.cached_by_prompt.values())
-
-    def as_openai(self) -> dict:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        }
-
-
-def usage_so_far(num_prompt_tokens: int, num_completion_tokens: int) -> dict:
-    """vLLM's continuous usage of one choice: its prompt and its tokens so far."""
-    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
-            "total_tokens": num_prompt_tokens + num_completion_tokens}
-
-
-# -- logprobs format ---------------------------------------------------------------------
-
-def needed_token_ids(token_ids: list[int], logprobs: list[PositionLogprobs]) -> set[int]:
-    """Every id whose text the logprobs below will show."""
-    ids = set(token_ids)
-    for position in logprobs:
-        ids.update(token_id for token_id, _ in position.top)
-    return ids
-
-
-def chat_logprobs(
-    token_ids: list[int], logprobs: list[PositionLogprobs], texts: dict[int, str],
-    num_top: int,
-) -> dict:
-    """`{"content": [...]}` for a chat choice or chunk."""
-    return {"content": [
-        {**_chat_entry(texts[token_id], position.logprob),
-         "top_logprobs": [_chat_entry(texts[i], lp) for i, lp in position.top[:num_top]]}
-        for token_id, position in zip(token_ids, logprobs, strict=False)
-    ]}
-
-
-def _chat_entry(text: str, logprob: float) -> dict:
-    return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode())}
-
-
-def completion_logprobs(
-    token_ids: list[int], logprobs: list[PositionLogprobs], texts: dict[int, str],
-    num_top: int, text_offset: int,
-) -> dict:
-    """The completions shape; offsets count characters of the choice's text from text_offset."""
-    tokens = [texts[token_id] for token_id in token_ids[: len(logprobs)]]
-    offsets = []
-    for token in tokens:
-        offsets.append(text_offset)
-        text_offset += len(token)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [_finite(p.logprob) for p in logprobs[: len(tokens)]],
-        "top_logprobs": [
-            {texts[i]: _finite(lp) for i, lp in p.top[:num_top]} for p in logprobs[: len(tokens)]
-        ],
-        "text_offset": offsets,
-    }
-
-
-def _finite(logprob: float) -> float:
-    """JSON has no -inf; OpenAI servers send a very small number instead."""
-    return max(logprob, -9999.0)
-
-
-def prompt_logprobs_entries(prompt_ids: list[int], positions: list[PositionLogprobs],
-                            texts: dict[int, str], num_top: int) -> list[dict | None]:
-    """vLLM's `prompt_logprobs`: None for the first prompt token, then per token a map of
-    token id (as text) to {logprob, rank, decoded_token}: the prompt's token first, then
-    the `num_top` most likely (ranks 1..num_top), each id once."""
-    entries: list[dict | None] = [None]
-    for token_id, position in zip(prompt_ids[1:], positions, strict=False):
-        entry = {str(token_id): _prompt_entry(position.logprob, position.rank, texts[token_id])}
-        for rank, (top_id, logprob) in enumerate(position.top[:num_top], start=1):
-            entry.setdefault(str(top_id), _prompt_entry(logprob, rank, texts[top_id]))
-        entries.append(entry)
-    return entries
-
-
-def _prompt_entry(logprob: float, rank: int, text: str) -> dict:
-    return {"logprob": _finite(logprob), "rank": rank, "decoded_token": text}
-
-
-def echo_logprobs(prompt_ids: list[int], positions: list[PositionLogprobs],
-                  texts: dict[int, str], num_top: int) -> dict:
-    """The completions logprobs of an echoed prompt (its first token has none)."""
-    tokens = [texts[token_id] for token_id in prompt_ids]
-    offsets, offset = [], 0
-    for token in tokens:
-        offsets.append(offset)
-        offset += len(token)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [None, *(_finite(p.logprob) for p in positions)],
-        "top_logprobs": [None, *({texts[i]: _finite(lp) for i, lp in p.top[:num_top]}
-                                 for p in positions)],
-        "text_offset": offsets,
-    }
-
-
-def _joined_logprobs(first: dict | None, second: dict | None) -> dict | None:
-    """Completions logprobs `first` then `second` (of the text after it)."""
-    if first is None or second is None:
-        return first or second
-    return {key: first[key] + second[key] for key in first}
-
+from conveyor.gateway.logprob_entries import (
+    _joined_logprobs,
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+    needed_token_ids,
+    prompt_logprobs_entries,
+)
+from conveyor.gateway.usage_totals import UsageTotals, usage_so_far
 
 OBFUSCATION_BLOCK = 32
 """A content chunk's text and its obfuscation fill a multiple of this many bytes."""
@@ -192,8 +36,6 @@ def obfuscation(text: str) -> str:
     num_chars = OBFUSCATION_BLOCK - len(text.encode()) % OBFUSCATION_BLOCK
     return secrets.token_urlsafe(num_chars)[:num_chars]
 
-
-# -- response formats --------------------------------------------------------------------
 
 DONE = b"data: [DONE]\n\n"
 

@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from conveyor.gateway.tenancy.admission import AdmissionControl
 from conveyor.gateway.tenancy.api_keys import Tenant
 from conveyor.gateway.tenancy.errors import RateLimited, RequestTooLarge
+from conveyor.gateway.tenancy.quota_ledger import AdmissionControl
 from conveyor.gateway.tenancy.tiers import Tier
 
 

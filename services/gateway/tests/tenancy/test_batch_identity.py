@@ -7,13 +7,9 @@ import pytest
 
 from conveyor.common.batch_record import BatchRecord
 from conveyor.common.batch_store import BatchStore
-from conveyor.gateway.tenancy.admission import (
-    BatchLinesRefused,
-    TenantAdmitter,
-    UnknownBatch,
-    engine_priority,
-)
+from conveyor.gateway.tenancy.admission import TenantAdmitter, engine_priority
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
+from conveyor.gateway.tenancy.batch_lines import BatchLinesRefused, UnknownBatch
 from conveyor.gateway.tenancy.errors import InvalidApiKey
 from conveyor.gateway.tenancy.settings import TenancySettings
 from conveyor.gateway.tenancy.tiers import BATCH_PRIORITY_BASE, DEFAULT_TIERS, build_tiers

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.gateway.tenancy.admission import QuotaSnapshot, engine_priority, format_duration
+from conveyor.gateway.tenancy.admission import engine_priority
 from conveyor.gateway.tenancy.api_keys import Tenant
 from conveyor.gateway.tenancy.errors import PriorityNotAllowed, RateLimited, openai_error_body
+from conveyor.gateway.tenancy.quota_ledger import QuotaSnapshot, format_duration
 from conveyor.gateway.tenancy.settings import TenancySettings
 from conveyor.gateway.tenancy.tiers import DEFAULT_TIERS, CacheSharing, build_tiers
 

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 from redis.crc import key_slot
 
-from conveyor.gateway.tenancy.admission import AdmissionControl
 from conveyor.gateway.tenancy.api_keys import Tenant
 from conveyor.gateway.tenancy.errors import RateLimited, TimelineNotFound
+from conveyor.gateway.tenancy.quota_ledger import AdmissionControl
 from conveyor.gateway.tenancy.tiers import Tier
 from conveyor.gateway.tenancy.timeline import Stage, TimelineDraft, TimelineStore
 

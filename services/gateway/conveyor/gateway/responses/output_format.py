@@ -32,15 +32,11 @@ from conveyor.gateway.clients.detok import GenerationDelta, ToolCallDelta
 from conveyor.gateway.clients.engine import PositionLogprobs
 from conveyor.gateway.clients.tokenizer import PromptTokens
 from conveyor.gateway.errors import APIError
-from conveyor.gateway.response_formats import (
-    ChoiceResult,
-    OutputOptions,
-    ResponseFormat,
-    UsageTotals,
-    chat_logprobs,
-)
+from conveyor.gateway.logprob_entries import chat_logprobs
+from conveyor.gateway.response_formats import ChoiceResult, OutputOptions, ResponseFormat
 from conveyor.gateway.responses.conversation import ResponsesTurn
 from conveyor.gateway.responses.store import StoredResponse
+from conveyor.gateway.usage_totals import UsageTotals
 
 
 @dataclass(slots=True)

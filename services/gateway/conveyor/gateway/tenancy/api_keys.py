@@ -70,7 +70,7 @@ def check_tenant_id(tenant_id: str) -> str:
 class Tenant:
     """An authenticated caller. `key_id` is None for the anonymous tenant.
 
-    `batch_id` is set on a line of a batch (admission.BatchIdentity): the tenant is the
+    `batch_id` is set on a line of a batch (batch_lines.BatchIdentity): the tenant is the
     batch's, its tier the tier's batch form (batch_tier), and its admission does
     not touch the tenant's interactive limits."""
 
