@@ -23,6 +23,9 @@ from typing import Any
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT32_MAX = 3.4028234663852886e38
+MAX_NUM_SAMPLES = 128
+"""Most samples (`n`) of one request an engine takes (detok refuses more before it opens
+the engine's stream)."""
 
 
 @dataclass(frozen=True, slots=True)

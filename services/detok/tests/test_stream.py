@@ -41,7 +41,7 @@ def test_stop_inside_flushed_character_still_matches(tokenizer):
 
 @pytest.mark.parametrize("start, ids, message", [
     (StreamStart(stops=["ok", ""]), [], "stop[1] is empty"),
-    (StreamStart(prompt_tail_ids=[49152]), [], "prompt_tail_token_ids[0] = 49152 is outside"),
+    (StreamStart(prompt_tail_ids=[49152]), [], "prompt_tail_ids[0] = 49152 is outside"),
     (StreamStart(), [5, 70000], "token_ids[1] = 70000 is outside the vocabulary"),
 ])
 def test_bad_input_is_rejected_with_a_clear_message(tokenizer, start, ids, message):

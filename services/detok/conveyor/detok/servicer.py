@@ -13,6 +13,7 @@ import grpc
 from conveyor.common.errors import ERROR_REASON_KEY, ERROR_SERVICE_KEY, INVALID_REQUEST
 from conveyor.common.grpc_client import Channels
 from conveyor.common.log import request_id_var
+from conveyor.common.sampling_fields import MAX_NUM_SAMPLES
 from conveyor.detok.decode_options import DecodeOptions
 from conveyor.detok.errors import InvalidStreamError
 from conveyor.detok.offered_tools import ToolSpec
@@ -64,6 +65,10 @@ class DetokenizerServicer(detok_pb2_grpc.DetokenizerServicer):
     def _open(self, request) -> TextGeneration:
         if not request.engine_address:
             raise InvalidStreamError("engine_address is required")
+        if request.generate.n > MAX_NUM_SAMPLES:
+            raise InvalidStreamError(f"generate.n must be at most {MAX_NUM_SAMPLES}, got "
+                                     f"{request.generate.n}")
+        _check_request_id(request.detok.request_id)
         start = _start_from_proto(request.detok)
         if start.request_id and request_id_var.get() is None:
             request_id_var.set(start.request_id)
@@ -76,6 +81,17 @@ class DetokenizerServicer(detok_pb2_grpc.DetokenizerServicer):
         return TextGeneration(self._tokenizer, start, list(generate.prompt_token_ids),
                               _sample_ids(request), list(generate.resume_output_token_ids),
                               known)
+
+
+MAX_REQUEST_ID_CHARS = 256
+
+
+def _check_request_id(request_id: str) -> None:
+    """A request id travels as gRPC metadata (x-request-id): printable ASCII, bounded."""
+    if len(request_id) > MAX_REQUEST_ID_CHARS or not (request_id.isascii()
+                                                       and request_id.isprintable()):
+        raise InvalidStreamError(f"detok.request_id must be printable ASCII of at most "
+                                 f"{MAX_REQUEST_ID_CHARS} characters")
 
 
 def _sample_ids(request) -> list[str]:

@@ -61,7 +61,7 @@ class DetokenizeStream:
     def __init__(self, tokenizer, start: StreamStart):
         self._vocab_size = len(tokenizer)
         _check_stops(start.stops)
-        _check_ids(start.prompt_tail_ids, self._vocab_size, "prompt_tail_token_ids")
+        check_ids(start.prompt_tail_ids, self._vocab_size, "prompt_tail_ids")
         self._detokenizer = Detokenizer(tokenizer, start.options, start.prompt_tail_ids)
         self._stop = StopMatcher(start.stops, start.include_stop_str_in_output)
         self._tools = (ToolCallStream(start.tool_calls, start.request_id)
@@ -72,7 +72,7 @@ class DetokenizeStream:
     def feed(self, token_ids: list[int]) -> StreamOutput:
         """Add output tokens; return the text that became final."""
         self._check_open()
-        _check_ids(token_ids, self._vocab_size, "token_ids")
+        check_ids(token_ids, self._vocab_size, "token_ids")
         pieces: list[str] = []
         for token_id in token_ids:
             self._num_tokens += 1
@@ -107,11 +107,13 @@ class DetokenizeStream:
             raise InvalidStreamError("the stream already finished; open a new one")
 
 
-def _check_ids(token_ids: list[int], vocab_size: int, name: str) -> None:
+def check_ids(token_ids: list[int], vocab_size: int, name: str, first: int = 0) -> None:
+    """InvalidStreamError naming `name` and the position (`first` + its index) of an id
+    outside the vocabulary."""
     for position, token_id in enumerate(token_ids):
         if token_id >= vocab_size:
             raise InvalidStreamError(
-                f"{name}[{position}] = {token_id} is outside the vocabulary "
+                f"{name}[{first + position}] = {token_id} is outside the vocabulary "
                 f"(ids must be below {vocab_size})"
             )
 

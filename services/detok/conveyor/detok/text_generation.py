@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from conveyor.detok.errors import InvalidStreamError
-from conveyor.detok.stream import DetokenizeStream, StreamOutput, StreamStart
+from conveyor.detok.stream import DetokenizeStream, StreamOutput, StreamStart, check_ids
 from conveyor.detok.tool_call_stream import ToolCallDelta
 
 PROMPT_TAIL_TOKENS = 6
@@ -70,6 +70,7 @@ class TextGeneration:
                  sample_ids: list[str], resumed_ids: list[int] | None = None,
                  known: KnownText | None = None):
         tail = prompt_ids[-PROMPT_TAIL_TOKENS:]
+        check_ids(tail, len(tokenizer), "generate.prompt_token_ids", len(prompt_ids) - len(tail))
         self._streams = [DetokenizeStream(tokenizer, replace(start, request_id=sample_id,
                                                              prompt_tail_ids=tail))
                          for sample_id in sample_ids]
@@ -78,8 +79,12 @@ class TextGeneration:
         if resumed_ids:
             if len(sample_ids) != 1:
                 raise InvalidStreamError("a resumed generation has one sample (n = 1)")
+            check_ids(resumed_ids, len(tokenizer), "generate.resume_output_token_ids")
             self._known[0] = known or KnownText()
             self._known[0].fresh(self._streams[0].feed(resumed_ids))
+            if self._streams[0].is_finished:
+                raise InvalidStreamError("generate.resume_output_token_ids already end at a "
+                                         "stop string: there is nothing to resume")
             self._num_tokens[0] = len(resumed_ids)
         elif known is not None:
             raise InvalidStreamError("text_so_far is only for a resumed generation "

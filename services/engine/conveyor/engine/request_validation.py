@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST
+from conveyor.common.sampling_fields import MAX_NUM_SAMPLES
 from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.engine_request import EngineRequest
 
@@ -60,11 +61,6 @@ def _check_resumed_output(request: EngineRequest, info: EngineInfo) -> None:
                                   f"max_tokens {params.max_tokens}: nothing is left to generate")
     if params.n != 1:
         raise InvalidRequestError("resume_output_token_ids needs n = 1")
-
-
-MAX_NUM_SAMPLES = 128
-"""Most samples (n) one request may ask for."""
-
 
 def _check_sampling(request: EngineRequest, info: EngineInfo) -> None:
     params = request.sampling_params

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from conveyor.engine.request_validation import MAX_NUM_SAMPLES
+from conveyor.common.sampling_fields import MAX_NUM_SAMPLES
 from conveyor.v1 import engine_pb2
 
 PROMPT = list(range(1, 14))  # 13 tokens: 3 full blocks of 4 and one more
