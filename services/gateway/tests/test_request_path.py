@@ -10,8 +10,10 @@ from contextlib import contextmanager
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
 from conveyor.gateway.tenancy.tiers import DEFAULT_TIERS
 
-MAX_MODULES = 13
-"""docs/architecture.md, "One streamed chat request, hop by hop"."""
+MAX_MODULES = 25
+"""docs/architecture.md, "One streamed chat request, hop by hop": the gateway's files by
+job (api/, clients/, routing/, tenancy/: issue 31), each module small and of one job; 13
+before that split, in fewer and larger modules."""
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 5, "stream": True}
@@ -36,7 +38,7 @@ def gateway_modules_called() -> Iterator[set[str]]:
         sys.setprofile(previous)
 
 
-async def test_one_streamed_request_passes_through_at_most_thirteen_modules(
+async def test_one_streamed_request_passes_through_at_most_its_budget_of_modules(
         gateway_factory, redis, prefix):
     gateway = await gateway_factory(auth_enabled=True)
     key = (await ApiKeyStore(redis, DEFAULT_TIERS, prefix=prefix).create("acme", "standard")).key
