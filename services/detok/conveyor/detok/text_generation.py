@@ -76,12 +76,15 @@ class TextGeneration:
                          for sample_id in sample_ids]
         self._known = [None] * len(sample_ids)
         self._num_tokens = [0] * len(sample_ids)
+        self._held: StreamOutput | None = None
+        """The text of the resumed tokens the caller does not have yet (their text was
+        held back when its stream broke): it goes out with the first chunk."""
         if resumed_ids:
             if len(sample_ids) != 1:
                 raise InvalidStreamError("a resumed generation has one sample (n = 1)")
             check_ids(resumed_ids, len(tokenizer), "generate.resume_output_token_ids")
             self._known[0] = known or KnownText()
-            self._known[0].fresh(self._streams[0].feed(resumed_ids))
+            self._held = self._known[0].fresh(self._streams[0].feed(resumed_ids))
             if self._streams[0].is_finished:
                 raise InvalidStreamError("generate.resume_output_token_ids already end at a "
                                          "stop string: there is nothing to resume")
@@ -107,6 +110,10 @@ class TextGeneration:
                                   flushed.stop_match, output.tool_calls + flushed.tool_calls)
         if self._known[index] is not None:
             output = self._known[index].fresh(output)
+        if self._held is not None and index == 0:
+            output = replace(output, text=self._held.text + output.text,
+                             tool_calls=self._held.tool_calls + output.tool_calls)
+            self._held = None
         num_before, self._num_tokens[index] = self._num_tokens[index], output.num_tokens
         stop = output.stop_match.stop if output.stop_match is not None else None
         return SampleText(output.text, output.tool_calls, output.num_tokens - num_before,

@@ -137,6 +137,7 @@ class ChoiceStream:
         """Draft counts (verified, accepted) of the engines this choice moved away from
         (`_usage` has the current engine's, which start again from 0)."""
         self._detoks_tried: list[str] = []
+        self._num_resumes = 0
         self._over = False
 
     async def next_delta(self) -> GenerationDelta | None:
@@ -199,13 +200,16 @@ class ChoiceStream:
         if engine_failed:
             await self._move_engine(failure)
         else:
-            self._detok.failed(self._source.replica, failure)
+            self._detok.failed(self._source.replica, failure, len(self._token_ids))
             self._detoks_tried.append(self._source.replica)
             if len(self._detoks_tried) >= self._detok.max_attempts:
                 raise failure
         resumed = bool(self._token_ids)
+        self._num_resumes += 1
+        job = replace(self._job.resumed(self._token_ids),
+                      request_id=f"{self._job.request_id}-r{self._num_resumes}")
         self._source = await self._detok.generate(
-            self._engine_address, self._job.resumed(self._token_ids), self._options, [],
+            self._engine_address, job, self._options, [],
             replace(self._so_far, argument_chars=list(self._so_far.argument_chars))
             if resumed else None, exclude=self._detoks_tried)
         self._deltas = aiter(self._source)

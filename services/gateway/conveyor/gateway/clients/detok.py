@@ -157,9 +157,11 @@ class DetokClient:
         return TextStream(detok_pb2_grpc.DetokenizerStub(replica.channel).Generate(request),
                           replica.address)
 
-    def failed(self, replica: str, error: UpstreamError) -> None:
-        """A replica's call broke: pick around it for a while."""
-        log.warning("detok replica %s failed (%s: %s)", replica, error.code, error.message)
+    def failed(self, replica: str, error: UpstreamError, num_tokens: int) -> None:
+        """A replica's call broke after `num_tokens` output tokens: pick around it for a
+        while (the generation resumes on another)."""
+        log.warning("detok replica %s failed (%s: %s); the generation resumes on another "
+                    "after %d tokens", replica, error.code, error.message, num_tokens)
         self._replicas.mark_unreachable(replica)
 
     async def is_serving(self) -> bool:
