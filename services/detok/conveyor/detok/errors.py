@@ -2,4 +2,4 @@
 
 
 class InvalidStreamError(ValueError):
-    """A Detokenize message the stream cannot accept; the message says why."""
+    """A request (or an engine output) a text stream cannot accept; the message says why."""

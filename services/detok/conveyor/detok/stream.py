@@ -1,4 +1,4 @@
-"""One Detokenize stream: token ids in, text deltas and a stop match out."""
+"""One sample's text stream: token ids in, text deltas and a stop match out."""
 
 from __future__ import annotations
 
