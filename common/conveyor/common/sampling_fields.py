@@ -20,9 +20,12 @@ import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-INT32_MAX = 2**31 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+UINT32_MAX = 2**32 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT32_MAX = 3.4028234663852886e38
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per position of top_logprobs and prompt_logprobs (OpenAI's bound)."""
 MAX_NUM_SAMPLES = 128
 """Most samples (`n`) of one request an engine takes (detok refuses more before it opens
 the engine's stream)."""

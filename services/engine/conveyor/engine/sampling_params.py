@@ -5,13 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from conveyor.common.sampling_fields import SamplingKnobs, knob_problem
+from conveyor.common.sampling_fields import MAX_TOP_LOGPROBS, SamplingKnobs, knob_problem
 
 if TYPE_CHECKING:
     from conveyor.engine.structured.structured_outputs_params import StructuredOutputsParams
-
-MAX_TOP_LOGPROBS = 20
-
 
 class InvalidSamplingParams(ValueError):
     """A sampling value is out of range; the message names the field."""

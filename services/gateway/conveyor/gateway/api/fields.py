@@ -13,6 +13,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from conveyor.common.sampling_fields import UINT32_MAX
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -38,15 +40,6 @@ def lone_surrogate_path(value: Any) -> str | None:
 
 def _join(path: str, part: str) -> str:
     return f"{path}.{part}" if path else part
-
-
-MAX_TOP_LOGPROBS = 20
-
-
-UINT32_MAX = 2**32 - 1
-
-
-INT32_MIN = -(2**31)
 
 
 INVALID_UNICODE = "invalid_unicode"

@@ -10,11 +10,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, create_model, field_validator, model_validator
 
-from conveyor.common.sampling_fields import INT32_MAX, KNOBS, Knob
-from conveyor.gateway.api.fields import (
+from conveyor.common.sampling_fields import (
+    INT32_MAX,
     INT32_MIN,
+    KNOBS,
     MAX_TOP_LOGPROBS,
     UINT32_MAX,
+    Knob,
+)
+from conveyor.gateway.api.fields import (
     RequestBody,
     StreamOptions,
     TokenCount,

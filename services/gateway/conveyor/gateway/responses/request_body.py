@@ -22,9 +22,8 @@ from pydantic import (
     model_validator,
 )
 
-from conveyor.common.sampling_fields import KNOBS
+from conveyor.common.sampling_fields import KNOBS, MAX_TOP_LOGPROBS
 from conveyor.gateway.api.fields import (
-    MAX_TOP_LOGPROBS,
     BodyPart,
     TokenCount,
     invalid,
