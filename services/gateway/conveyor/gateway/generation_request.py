@@ -44,22 +44,19 @@ from redis.exceptions import RedisError
 from conveyor.common.engine_registry import EngineEntry
 from conveyor.common.errors import QUEUE_FULL
 from conveyor.common.log import request_id_var
-from conveyor.common.redis_scripts import ScriptCall, run_script_calls
+from conveyor.common.redis_scripts import run_script_calls
 from conveyor.gateway.api.mapping import (
     GenerationBody,
     check_limits,
     detok_options,
     max_tokens_for,
-    num_top_logprobs,
-    output_options,
-    render_input,
     sampling_options,
 )
-from conveyor.gateway.api.schemas import ChatCompletionRequest, CompletionRequest
 from conveyor.gateway.clients.detok import DetokOptions, GenerationDelta, TextStream, ToolCallFormat
 from conveyor.gateway.clients.engine import GenerateJob
-from conveyor.gateway.clients.tokenizer import PromptInput, PromptTokens
+from conveyor.gateway.clients.tokenizer import PromptTokens
 from conveyor.gateway.clients.upstream import UpstreamError
+from conveyor.gateway.endpoints import EndpointKind
 from conveyor.gateway.errors import (
     APIError,
     ClientDisconnected,
@@ -80,7 +77,7 @@ from conveyor.gateway.models import ServedModel
 from conveyor.gateway.observability import DISCONNECTED_STATUS, describe_generation, record_usage
 from conveyor.gateway.output_constraints import OutputPlan, output_plan
 from conveyor.gateway.pipeline import Pipeline
-from conveyor.gateway.response_formats import ChatFormat, CompletionFormat, ResponseFormat
+from conveyor.gateway.response_formats import ResponseFormat
 from conveyor.gateway.routing.bindings import PendingBindings
 from conveyor.gateway.routing.directory import NoEngineAvailable
 from conveyor.gateway.routing.router import AdaptersNotServed
@@ -91,74 +88,17 @@ from conveyor.gateway.usage_totals import UsageTotals
 
 log = logging.getLogger("conveyor.gateway.requests")
 
+
 T = TypeVar("T")
-PreparePrompts = Callable[["GenerationRequest"], Awaitable[list[PromptTokens]]]
-"""A request's prompts, tokenized (its caller, model and body are known by then)."""
-FormatOf = Callable[["GenerationRequest"], ResponseFormat]
-"""The response format of a started request (its prompts and usage are known by then)."""
-EndCalls = Callable[["GenerationRequest"], list[ScriptCall]]
-"""What a finished request writes to Redis in its settlement's round trip."""
+
 
 ENGINE_HEADER = "x-conveyor-engine"
 """Response header naming the engine (registry id) that served the request."""
+
+
 SESSION_HEADER = "x-session-id"
 """Request header whose value binds a conversation to one engine (else the body's
 `prompt_cache_key`, else its `user`)."""
-
-
-def _nothing_to_write(request: GenerationRequest) -> list[ScriptCall]:
-    return []
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointKind:
-    """What differs between the endpoints served on this path (chat, completions, and
-    the Responses API, whose kind is responses/endpoint.py's)."""
-
-    name: str
-    id_prefix: str
-    prompt_param: str
-    format: FormatOf
-    prepare_prompts: PreparePrompts
-    end_calls: EndCalls = _nothing_to_write
-
-
-def format_of(shape: type[ResponseFormat]) -> FormatOf:
-    """The format factory of a shape that needs only what every request has."""
-    def make(request: GenerationRequest) -> ResponseFormat:
-        body = request.body
-        return shape(request.request_id, request.model.name, num_top_logprobs(body),
-                     output_options(body), request.prompts)
-
-    return make
-
-
-async def _render_conversation(request: GenerationRequest) -> list[PromptTokens]:
-    body: ChatCompletionRequest = request.body
-    return [await request.pipeline.tokenizer.render(
-        render_input(body, body.requested_max_tokens))]
-
-
-async def _tokenize_prompts(request: GenerationRequest) -> list[PromptTokens]:
-    pipeline = request.pipeline
-    body: CompletionRequest = request.body
-
-    async def tokenized(prompt: str | list[int]) -> PromptTokens:
-        text, token_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
-        tokens = await pipeline.tokenizer.tokenize(PromptInput(
-            text=text, token_ids=token_ids, add_special_tokens=body.add_special_tokens,
-            max_tokens=body.requested_max_tokens or 0))
-        if body.echo and token_ids is not None:  # echo shows the text of the ids
-            tokens.prompt_text = await pipeline.tokenizer.decode(token_ids)
-        return tokens
-
-    return list(await asyncio.gather(*(tokenized(p) for p in body.prompts)))
-
-
-CHAT = EndpointKind("chat_completions", "chatcmpl", "messages", format_of(ChatFormat),
-                    _render_conversation)
-COMPLETIONS = EndpointKind("completions", "cmpl", "prompt", format_of(CompletionFormat),
-                           _tokenize_prompts)
 
 
 @dataclass(slots=True)

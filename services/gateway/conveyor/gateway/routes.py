@@ -44,13 +44,14 @@ from conveyor.gateway.api.schemas import (
     TokenizeRequest,
 )
 from conveyor.gateway.clients.tokenizer import PromptInput, RenderInput
+from conveyor.gateway.endpoints import CHAT, COMPLETIONS, EndpointKind
 from conveyor.gateway.errors import (
     ClientDisconnected,
     RequestTimedOut,
     error_response,
     to_api_error,
 )
-from conveyor.gateway.generation_request import CHAT, COMPLETIONS, EndpointKind, GenerationRequest
+from conveyor.gateway.generation_request import GenerationRequest
 from conveyor.gateway.models import ServedModel
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.response_formats import ChoiceResult, ResponseFormat

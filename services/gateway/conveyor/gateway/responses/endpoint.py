@@ -7,7 +7,8 @@ from __future__ import annotations
 from conveyor.common.redis_scripts import ScriptCall
 from conveyor.gateway.api.mapping import chat_turns, num_top_logprobs, output_options, render_input
 from conveyor.gateway.clients.tokenizer import PromptTokens
-from conveyor.gateway.generation_request import EndpointKind, GenerationRequest
+from conveyor.gateway.endpoints import EndpointKind
+from conveyor.gateway.generation_request import GenerationRequest
 from conveyor.gateway.responses.conversation import ResponsesChat
 from conveyor.gateway.responses.output_format import ResponsesFormat
 
