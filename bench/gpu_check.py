@@ -100,7 +100,9 @@ def parse_args(argv: list[str]):
                         "stdout)")
     parser.add_argument("--cpu-interpret", action="store_true", help="parts 1 and 3 only, "
                         "tiny shapes, on the CPU under TRITON_INTERPRET=1 (no GPU needed)")
-    parser.add_argument("--parts", default="1,2,3,4", help="which parts to run, e.g. 1,3")
+    parser.add_argument("--parts", default="4,1,2,3",
+                        help="which parts to run, in order, e.g. 1,3 (sizing first by default: "
+                        "it measures a fresh process, as an engine starts)")
     parser.add_argument("--dtype", default="bfloat16", choices=DTYPES,
                         help="dtype of parts 2-4")
     parser.add_argument("--iters", type=int, default=20, help="timed calls or steps per "

@@ -170,3 +170,35 @@ class _Recording:
     def execute(self, step):
         self.outputs.append(self.runner.execute(step))
         return self.outputs[-1]
+
+
+def test_the_profiling_step_runs_before_the_pool_and_the_drafter_exist(smollm2_model,
+                                                                       monkeypatch):
+    """On a GPU the pool is sized by running the largest step on a scratch pool first
+    (the engine's default there): that step runs on a runner with no pool and no drafter
+    yet. Here on the CPU with torch.cuda's memory counters faked: 8 GiB, 90% usable, a
+    1 GiB peak."""
+    gib = 2**30
+    fakes = {"empty_cache": lambda: None, "reset_peak_memory_stats": lambda _d: None,
+             "synchronize": lambda _d: None, "max_memory_allocated": lambda _d: gib,
+             "memory_reserved": lambda _d: 0, "mem_get_info": lambda _d: (8 * gib, 8 * gib)}
+    for name, fake in fakes.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    monkeypatch.setattr(ModelRunner, "_num_blocks", ModelRunner._num_blocks_by_profiling)
+    runner = ModelRunner(RunnerConfig(model="(preloaded)", max_model_len=512,
+                                      max_num_batched_tokens=64, max_num_seqs=4),
+                         model=smollm2_model)
+    assert runner.drafter is None
+    assert runner.capacity.num_blocks == int(8 * gib * 0.9 - gib) // (45 * 1024 * 16)
+
+
+def test_a_draft_models_pool_is_counted_in_the_kv_space(smollm2_model, monkeypatch):
+    """speculative_method draft: the draft model's pool has as many blocks as the
+    model's, so a block costs both pools' bytes and kv_cache_space_gib holds both."""
+    monkeypatch.setattr("conveyor.engine.worker.model_runner.load_model",
+                        lambda *_a, **_k: smollm2_model)
+    runner = ModelRunner(RunnerConfig(model="(preloaded)", kv_cache_space_gib=0.05,
+                                      max_model_len=512, draft_model="(preloaded)"),
+                         model=smollm2_model)
+    assert runner.capacity.num_blocks == int(0.05 * 2**30) // (2 * 45 * 1024 * 16)
+    assert runner.drafter is not None

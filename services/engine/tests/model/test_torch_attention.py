@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -62,3 +64,21 @@ def test_torch_backend_fast_paths_match_naive(make_random_step, seqs):
     cache = step.kv_cache.clone()
     actual = backend.forward(step.query, step.key, step.value, cache, plan)
     torch.testing.assert_close(actual, naive_attention(step), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_masks_are_boolean_and_16_bit_steps_match_naive(make_random_step, dtype):
+    """A boolean mask, whatever the dtype: SDPA's cuDNN kernel misread the fp32 additive
+    mask this plan used to build under 16-bit queries on an H200 (NaN in float16;
+    bench/gpu_check.py part 1 shows it there)."""
+    step = make_random_step(block_size=4, num_kv_heads=2, group=3, head_dim=16,
+                            seqs=[(0, 9), (12, 1), (30, 4)], dtype=dtype)
+    backend = create_backend("torch", step.spec)
+    plan = backend.plan(step.meta)
+    assert {group.mask.dtype for group in plan.groups} == {torch.bool}
+    actual = backend.forward(step.query, step.key, step.value, step.kv_cache.clone(), plan)
+    expected = naive_attention(dataclasses.replace(step, query=step.query.float(),
+                                                   key=step.key.float(),
+                                                   value=step.value.float(),
+                                                   kv_cache=step.kv_cache.float()))
+    torch.testing.assert_close(actual.float(), expected, rtol=2e-2, atol=2e-2)

@@ -1,5 +1,5 @@
 """The torch backend's per-step plan: requests split into a decode group and a
-prefill group, each with its block gather indices and an additive mask.
+prefill group, each with its block gather indices and a boolean mask.
 
 Splitting keeps a mixed step (decodes + prefill chunks) from padding every decode
 token's query up to the longest chunk: decode rows attend as [Bd, H, 1, S], prefill
@@ -30,9 +30,9 @@ class AttentionGroup:
     block_ids: torch.Tensor
     """[B * W] pool blocks to gather, W blocks per row (padding rows repeat block 0)."""
     mask: torch.Tensor | None
-    """[B, 1, L, W * block_size] additive: 0 where a query may attend, -inf elsewhere;
-    None when plain causal attention is exact (every row a first chunk of L tokens,
-    no sliding window): SDPA then skips the masked half."""
+    """[B, 1, L, W * block_size], True where a query may attend; None when plain causal
+    attention is exact (every row a first chunk of L tokens, no sliding window): SDPA then
+    skips the masked half."""
     context_buffer: torch.Tensor | None
     """[2, B * W, block_size, Hkv, D] where the layers gather keys and values (reused by
     every layer of the step), set by the backend from its workspace."""
@@ -93,15 +93,15 @@ def _group(meta: AttentionMetadata, rows: list[int], starts: list[int], query_le
 
 def _mask(meta: AttentionMetadata, row_index: torch.Tensor, query_lens: list[int], length: int,
           context_len: int, sliding_window: int | None) -> torch.Tensor:
-    """[B, 1, L, S] additive mask of the group's rows."""
+    """[B, 1, L, S] boolean mask of the group's rows (True: may attend). Boolean, not
+    additive: SDPA's cuDNN kernel (CUDA, torch 2.11) misreads an fp32 additive mask under
+    16-bit queries (NaN in float16, wrong values in bfloat16; bench/gpu_check.py part 1)."""
     device = row_index.device
     seq_lens = meta.seq_lens.index_select(0, row_index)
     first_query_pos = seq_lens - torch.tensor(query_lens, device=device)
     query_pos = first_query_pos[:, None] + torch.arange(length, device=device)
     context_pos = torch.arange(context_len, device=device)
-    allowed = _allowed(context_pos, query_pos, seq_lens, sliding_window)
-    mask = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, float("-inf"))
-    return mask.unsqueeze(1)
+    return _allowed(context_pos, query_pos, seq_lens, sliding_window).unsqueeze(1)
 
 
 def _allowed(context_pos: torch.Tensor, query_pos: torch.Tensor, seq_lens: torch.Tensor,

@@ -58,15 +58,19 @@ class ModelRunner:
         self.loras = (LoraSlots(self.model, config.max_loras, config.max_lora_rank,
                                 config.torch_dtype, self.device) if config.max_loras else None)
         """The model's LoRA projections and which adapter is in which slot; None: no LoRA."""
-        self.capacity = self._size_kv_pool()
+        self.drafter: DraftModelProposer | None = None
+        """Proposes drafts in the slots the scheduler leaves for them (speculative_method
+        "draft"); None otherwise, and while the pool is sized (the profiling step runs
+        the model alone)."""
+        draft_model = self._load_draft_model() if config.draft_model else None
+        self.capacity = self._size_kv_pool(draft_model)
         self.kv_caches = allocate_kv_caches(self.model_config, self.capacity.num_blocks,
                                             config.block_size, config.torch_kv_dtype,
                                             self.device)
         if config.uses_cuda_graphs:
             self.decode_graphs = self.build_decode_graphs()
-        self.drafter = self._draft_proposer() if config.draft_model else None
-        """Proposes drafts in the slots the scheduler leaves for them (speculative_method
-        "draft"); None otherwise."""
+        if draft_model is not None:
+            self.drafter = self._draft_proposer(draft_model)
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
@@ -126,9 +130,10 @@ class ModelRunner:
                       self.config.max_num_batched_tokens)
         return DecodeGraphs(self.inputs, self._forward, capture_sizes(largest), capture=capture)
 
-    def _draft_proposer(self) -> DraftModelProposer:
-        """The draft model, with a KV pool of as many blocks as the target's (its own bytes
-        a block) and input buffers for catching up whole sequences."""
+    def _load_draft_model(self) -> LlamaForCausalLM:
+        """The draft model, loaded before the pool is sized (its weights are counted in
+        the profiled peak); refused unless it shares the vocabulary and reaches
+        max_model_len."""
         config = self.config
         model = load_model(config.draft_model, dtype=config.draft_torch_dtype,
                            device=self.device,
@@ -142,6 +147,12 @@ class ModelRunner:
             raise ValueError(f"the draft model reaches {model.config.max_position_embeddings} "
                              f"positions, fewer than max_model_len={self.max_model_len}; "
                              "change speculative_draft_model or lower max_model_len")
+        return model
+
+    def _draft_proposer(self, model: LlamaForCausalLM) -> DraftModelProposer:
+        """The draft model with a KV pool of as many blocks as the target's (its own bytes
+        a block) and input buffers for catching up whole sequences."""
+        config = self.config
         kv_caches = allocate_kv_caches(model.config, self.capacity.num_blocks,
                                        config.block_size, config.draft_torch_kv_dtype,
                                        self.device)
@@ -159,9 +170,14 @@ class ModelRunner:
                              f"max_position_embeddings={limit}; lower max_model_len")
         return wanted
 
-    def _size_kv_pool(self) -> kv_sizing.KVCapacity:
+    def _size_kv_pool(self, draft_model: LlamaForCausalLM | None) -> kv_sizing.KVCapacity:
+        """The pool's blocks; a block's bytes count the draft model's pool too (it has as
+        many blocks as the target's)."""
         per_block = kv_bytes_per_block(self.model_config, self.config.block_size,
                                        self.config.torch_kv_dtype)
+        if draft_model is not None:
+            per_block += kv_bytes_per_block(draft_model.config, self.config.block_size,
+                                            self.config.draft_torch_kv_dtype)
         capacity = kv_sizing.KVCapacity(self._num_blocks(per_block), self.config.block_size,
                                         self.max_model_len)
         kv_sizing.check_capacity(capacity, device_is_cuda=self.config.is_cuda)

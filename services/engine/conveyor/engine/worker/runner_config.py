@@ -112,8 +112,8 @@ class RunnerConfig:
                              "change weight_format to fp32")
         if self.draft_model and self.is_cuda:
             raise ValueError("speculative_method draft runs on the CPU only for now (on a GPU "
-                             "the KV pool is sized before the draft model would load); change "
-                             "speculative_method to ngram")
+                             "the profiling step that sizes the KV pool does not run the draft "
+                             "model); change speculative_method to ngram")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of "
                              f"{KV_CACHE_DTYPES}")
