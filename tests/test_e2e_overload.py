@@ -13,16 +13,23 @@ import asyncio
 import json
 import uuid
 
+import grpc
 import httpx
 import openai
 import pytest
 from redis.asyncio import Redis
 
 from conveyor.common.grpc_client import open_channel
-from conveyor.gateway.clients.engine import EngineClient, GenerateJob, SamplingOptions
-from conveyor.gateway.clients.upstream import UpstreamError
+from conveyor.gateway.clients.engine import (
+    EngineClient,
+    GenerateJob,
+    SamplingOptions,
+    generate_request,
+)
+from conveyor.gateway.clients.upstream import UpstreamError, translate_rpc_errors
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
 from conveyor.gateway.tenancy.tiers import build_tiers
+from conveyor.v1 import engine_pb2, engine_pb2_grpc
 
 pytestmark = pytest.mark.slow
 
@@ -83,19 +90,23 @@ async def engine_clients(overload):
         await channel.close()
 
 
-async def _fill(engine: EngineClient, priority: int, max_tokens: int) -> list[str]:
-    """Run one request on `engine` directly (gRPC) and stream it to its end; the
-    outcome: its finish reason, or the gRPC error's reason (queue_full)."""
+async def _fill(engine: EngineClient, priority: int, max_tokens: int) -> str:
+    """Run one request on `engine` directly (its gRPC Generate stream, as detok opens it)
+    to its end; the outcome: its finish reason, or the gRPC error's reason (queue_full)."""
     job = GenerateJob(f"fill-{uuid.uuid4().hex[:8]}", list(range(100, 120)),
                       SamplingOptions(max_tokens=max_tokens, knobs={"temperature": 0},
                                       ignore_eos=True),
                       priority=priority)
-    try:
-        async for chunk in engine.generate(job):
-            if chunk.finish_reason is not None:
-                return chunk.finish_reason.value
-    except UpstreamError as error:
-        return error.reason or error.code
+    async with grpc.aio.insecure_channel(engine.address) as channel:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        try:
+            with translate_rpc_errors("engine"):
+                async for chunk in stub.Generate(generate_request(job)):
+                    if chunk.finish_reason:
+                        return engine_pb2.FinishReason.Name(chunk.finish_reason).removeprefix(
+                            "FINISH_REASON_").lower()
+        except UpstreamError as error:
+            return error.reason or error.code
     return "none"
 
 
