@@ -4,6 +4,7 @@ context, and the current trace context injected into every outgoing call."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import grpc
 from opentelemetry import context as otel_context
@@ -29,15 +30,31 @@ class TracingServerInterceptor(grpc.aio.ServerInterceptor):
 
 
 def _wrap_handler(handler: grpc.RpcMethodHandler, method: str, metadata) -> grpc.RpcMethodHandler:
-    parent = extract_context(metadata)
-    request_id = dict((k, v) for k, v in metadata if isinstance(v, str)).get(REQUEST_ID_KEY)
-    tracer = trace.get_tracer("conveyor.grpc")
-    name = method.lstrip("/")
+    rpc = _ServerSpan(method.lstrip("/"), extract_context(metadata),
+                      dict((k, v) for k, v in metadata if isinstance(v, str)).get(REQUEST_ID_KEY))
+    if handler.unary_unary:
+        return handler._replace(unary_unary=rpc.unary(handler.unary_unary))
+    if handler.stream_unary:
+        return handler._replace(stream_unary=rpc.unary(handler.stream_unary))
+    if handler.unary_stream:
+        return handler._replace(unary_stream=rpc.stream(handler.unary_stream))
+    return handler._replace(stream_stream=rpc.stream(handler.stream_stream))
 
-    def unary_result(behavior: Callable) -> Callable:
+
+@dataclass(frozen=True, slots=True)
+class _ServerSpan:
+    """One RPC's SERVER span (child of the caller's `parent` context) around its handler,
+    with the caller's request id in the log context."""
+
+    name: str
+    parent: otel_context.Context
+    request_id: str | None
+
+    def unary(self, behavior: Callable) -> Callable:
         async def wrapped(request_or_iterator, context):
-            request_id_var.set(request_id)
-            with tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER) as span:
+            request_id_var.set(self.request_id)
+            with _tracer().start_as_current_span(self.name, context=self.parent,
+                                                 kind=SpanKind.SERVER) as span:
                 try:
                     return await behavior(request_or_iterator, context)
                 except Exception as exc:
@@ -46,13 +63,13 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, method: str, metadata) -> grpc
 
         return wrapped
 
-    def stream_result(behavior: Callable) -> Callable:
+    def stream(self, behavior: Callable) -> Callable:
         async def wrapped(request_or_iterator, context) -> AsyncIterator:
-            request_id_var.set(request_id)
-            span = tracer.start_span(name, context=parent, kind=SpanKind.SERVER)
+            request_id_var.set(self.request_id)
+            span = _tracer().start_span(self.name, context=self.parent, kind=SpanKind.SERVER)
             try:
                 async for response in _steps_in_span(
-                    behavior(request_or_iterator, context), span, parent
+                    behavior(request_or_iterator, context), span, self.parent
                 ):
                     yield response
             except Exception as exc:
@@ -63,13 +80,9 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, method: str, metadata) -> grpc
 
         return wrapped
 
-    if handler.unary_unary:
-        return handler._replace(unary_unary=unary_result(handler.unary_unary))
-    if handler.stream_unary:
-        return handler._replace(stream_unary=unary_result(handler.stream_unary))
-    if handler.unary_stream:
-        return handler._replace(unary_stream=stream_result(handler.unary_stream))
-    return handler._replace(stream_stream=stream_result(handler.stream_stream))
+
+def _tracer() -> trace.Tracer:
+    return trace.get_tracer("conveyor.grpc")
 
 
 async def _steps_in_span(responses: AsyncIterator, span, parent) -> AsyncIterator:

@@ -22,23 +22,20 @@ import time
 from collections.abc import Iterable
 
 from conveyor.common.sampling_fields import sample_seed
-from conveyor.engine.core.errors import DuplicateRequestId, WaitingQueueFull
+from conveyor.engine import step_timing
+from conveyor.engine.core.errors import DuplicateRequestId, RequestTooLong, WaitingQueueFull
 from conveyor.engine.core.request import FinishReason, Request
 from conveyor.engine.core.request_update import RequestUpdate
 from conveyor.engine.core.scheduler import Scheduler
-from conveyor.engine.core.scheduler_output import (
-    ModelRunnerOutput,
-    PromptTokenLogprob,
-    ScheduledRequest,
-)
+from conveyor.engine.core.scheduler_output import ModelRunnerOutput, PromptTokenLogprob
 from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.engine_stats import EngineStats
 from conveyor.engine.isolating_runner import IsolatingRunner, ModelRunnerLike
-from conveyor.engine.iteration_stats import FinishedRequestStats, IterationStats
+from conveyor.engine.iteration_stats import IterationStats
 from conveyor.engine.lora.adapter_store import AdapterStore
 from conveyor.engine.request_delta import RequestDelta
-from conveyor.engine.request_timing import PrefillChunk, RequestTiming
+from conveyor.engine.request_timing import RequestTiming
 from conveyor.engine.step_result import StepResult
 from conveyor.engine.structured.errors import InvalidConstraint
 from conveyor.engine.structured.grammar_compiler import GrammarCompiler
@@ -99,9 +96,8 @@ class EngineCore:
         Only the first sample is held to the waiting bounds: samples 1..n-1 of an
         admitted request join past them and are never pushed out.
         """
-        if request.request_id in self._children:
-            raise DuplicateRequestId(f"request_id {request.request_id!r} is already running")
         samples = [self._sample(request, i) for i in range(request.sampling_params.n)]
+        self._check_new(request, samples)
         self._ask_for_grammar(request, samples)
         first, rest = samples[0], samples[1:]
         shed = self._submit(first)
@@ -112,6 +108,20 @@ class EngineCore:
             for sample in rest:
                 self._submit(sample)
         return self._drop_shed(shed)
+
+    def _check_new(self, request: EngineRequest, samples: list[Request]) -> None:
+        """The one check of a new request (the scheduler only asserts): neither its id nor
+        its samples' ids in use (a held sample's included), a prompt, and prompt +
+        max_tokens within max_model_len."""
+        in_use = set(self._children).union(*self._children.values())
+        if in_use.intersection([request.request_id, *(s.request_id for s in samples)]):
+            raise DuplicateRequestId(f"request_id {request.request_id!r} is already running")
+        if not request.prompt_token_ids:
+            raise ValueError(f"request {request.request_id!r} has an empty prompt")
+        num_prompt, max_tokens = len(request.prompt_token_ids), request.sampling_params.max_tokens
+        max_model_len = self.scheduler.config.max_model_len
+        if num_prompt + max_tokens > max_model_len:
+            raise RequestTooLong(request.request_id, num_prompt, max_tokens, max_model_len)
 
     @property
     def _shares_prompt_blocks(self) -> bool:
@@ -193,15 +203,15 @@ class EngineCore:
         # This step's requests, looked up now: the scheduler forgets those that finish in it.
         in_step = {item.request_id: self.scheduler.requests[item.request_id]
                    for item in scheduler_output.scheduled}
-        prefills = self._mark_scheduled(scheduler_output.scheduled, in_step, now,
-                                        result.iteration)
+        prefills = step_timing.mark_scheduled(scheduler_output.scheduled, in_step, now,
+                                              result.iteration)
         if scheduler_output.is_empty:  # close the step: aborts in it free their blocks now
             self.scheduler.update_from_output(scheduler_output, ModelRunnerOutput())
             return result
         executed = self._isolating.execute(scheduler_output)
         # Counted after the step: a draft model fills its draft slots in the runner.
         result.iteration.num_scheduled_tokens = scheduler_output.num_batched_tokens
-        _end_chunks(prefills, time.monotonic())
+        step_timing.end_chunks(prefills, time.monotonic())
         for request_id, entries in executed.output.prompt_logprobs.items():
             self._prompt_logprobs.setdefault(request_id, []).extend(entries)
         failed = self._abort_failed(executed.failures)
@@ -237,21 +247,6 @@ class EngineCore:
                             num_prompt_tokens=request.num_prompt_tokens,
                             num_output_tokens=request.num_output_tokens)
 
-    def _mark_scheduled(self, scheduled: list[ScheduledRequest], in_step: dict[str, Request],
-                        now: float, iteration: IterationStats) -> list[PrefillChunk]:
-        """Note first schedules (queue time) and open this step's prefill chunks."""
-        prefills = []
-        for item in scheduled:
-            timing = in_step[item.request_id].timing
-            if timing.first_scheduled_time is None:
-                timing.first_scheduled_time = now
-                iteration.queue_time.append(now - timing.arrival_time)
-            if _is_prefill(item):
-                chunk = PrefillChunk(now, item.num_computed_tokens, len(item.token_ids))
-                timing.prefill_chunks.append(chunk)
-                prefills.append(chunk)
-        return prefills
-
     def _mark_preempted(self, request_ids: list[str], now: float) -> None:
         for request_id in request_ids:
             self._prompt_logprobs.pop(request_id, None)  # its prompt is computed again
@@ -266,7 +261,7 @@ class EngineCore:
         for update in updates:
             request = in_step[update.request_id]
             delta = self._delta(request, update)
-            self._record_timing(request, delta, now, iteration)
+            step_timing.record_delta(request, delta, now, iteration)
             iteration.record_drafts(update.num_draft_tokens, update.num_accepted_tokens)
             if delta.finished:
                 self._finish(request)
@@ -294,23 +289,6 @@ class EngineCore:
             num_draft_tokens=request.num_draft_tokens,
             num_accepted_draft_tokens=request.num_accepted_tokens,
         )
-
-    def _record_timing(self, request: Request, delta: RequestDelta, now: float,
-                       iteration: IterationStats) -> None:
-        timing = request.timing
-        if delta.new_token_ids:
-            iteration.num_generation_tokens += len(delta.new_token_ids)
-            if timing.last_token_time is None:
-                iteration.time_to_first_token.append(now - timing.arrival_time)
-                iteration.num_prompt_tokens += delta.num_prompt_tokens
-                timing.first_token_time = now
-            else:
-                iteration.inter_token_latency.append(now - timing.last_token_time)
-            timing.last_token_time = now
-        if delta.finished:
-            timing.finish_time = now
-            delta.timing = timing
-            iteration.finished.append(_finished_stats(request, delta, timing))
 
     def _finish(self, request: Request) -> None:
         """Forget a finished scheduler request (the scheduler has freed its blocks)."""
@@ -380,31 +358,6 @@ class EngineCore:
 def _adapter_names(requests: Iterable[Request]) -> tuple[str, ...]:
     """The adapters of `requests`, each once, in order."""
     return tuple(dict.fromkeys(r.lora.name for r in requests if r.lora is not None))
-
-
-def _is_prefill(item: ScheduledRequest) -> bool:
-    """True unless the step computes just the latest sampled token (a decode step)."""
-    num_known = len(item.prompt_token_ids) + len(item.output_token_ids)
-    return not item.output_token_ids or item.num_computed_tokens < num_known - 1
-
-
-def _finished_stats(request: Request, delta: RequestDelta,
-                    timing: RequestTiming) -> FinishedRequestStats:
-    """What the metrics keep of a finished sample (times 0 for phases it never reached)."""
-    scheduled = timing.first_scheduled_time or timing.finish_time
-    first_token = timing.first_token_time or timing.finish_time
-    return FinishedRequestStats(
-        finish_reason=delta.finish_reason.value,
-        e2e_latency=timing.finish_time - timing.arrival_time,
-        queue_time=scheduled - timing.arrival_time, prefill_time=first_token - scheduled,
-        decode_time=timing.finish_time - first_token, num_prompt_tokens=delta.num_prompt_tokens,
-        num_generation_tokens=delta.num_output_tokens,
-        max_tokens=request.sampling_params.max_tokens)
-
-
-def _end_chunks(chunks: list[PrefillChunk], now: float) -> None:
-    for chunk in chunks:
-        chunk.end_time = now
 
 
 def _stop_token_of(request: Request, update: RequestUpdate) -> int | None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from conveyor.engine.core.errors import DuplicateRequestId, RequestTooLong
 from conveyor.engine.core.request import FinishReason
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.sampling_params import SamplingParams
@@ -120,18 +123,26 @@ def test_model_failure_fails_that_step_and_the_engine_keeps_serving(support):
     assert _tokens_by_index(deltas, "good") == {0: [3, 4]}
 
 
-def test_duplicate_and_too_long_requests_leave_nothing_behind(support):
+def test_bad_requests_are_refused_here_leaving_nothing_behind(support):
+    """EngineCore is the one check of a new request (the scheduler only asserts): ids in
+    use (a caller's, or a sample's of n > 1), an empty prompt, prompt + max_tokens over
+    max_model_len."""
     core = support.make_core(max_model_len=16)
-    core.add_request(_request("a", [1, 2], max_tokens=2))
-    try:
-        core.add_request(_request("a", [1, 2], max_tokens=2))
-    except ValueError as exc:
-        assert "already running" in str(exc)
-    try:
-        core.add_request(_request("long", list(range(1, 15)), max_tokens=5))
-    except ValueError as exc:
-        assert "max_model_len" in str(exc)
+    core.add_request(_request("a", [1, 2], max_tokens=2, n=2))  # samples a-0 and a-1
+    refused = [(_request("a", [1, 2], max_tokens=2), DuplicateRequestId, "already running"),
+               (_request("a-1", [3], max_tokens=2), DuplicateRequestId, "already running"),
+               (_request("b", [], max_tokens=2), ValueError, "empty prompt"),
+               (_request("long", list(range(1, 15)), max_tokens=5), RequestTooLong,
+                r"14 tokens \+ max_tokens 5 = 19.*max_model_len 16")]
+    for request, error, message in refused:
+        with pytest.raises(error, match=message):
+            core.add_request(request)
     assert core.unfinished_request_ids == ["a"]
+    core.add_request(_request("fits", list(range(1, 12)), max_tokens=5))  # exactly 16
+    deltas = support.run_to_completion(core)
+    assert _tokens_by_index(deltas, "a") == {0: [3, 4], 1: [3, 4]}
+    assert len(_tokens_by_index(deltas, "fits")[0]) == 5
+    assert core.stats().num_free_blocks == core.stats().num_blocks
 
 
 def test_iteration_stats_time_each_request(support):

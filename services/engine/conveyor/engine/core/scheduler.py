@@ -6,7 +6,6 @@ from collections.abc import Iterable
 
 from conveyor.engine.core.batch_builder import BatchBuilder
 from conveyor.engine.core.config import SchedulerConfig
-from conveyor.engine.core.errors import DuplicateRequestId, RequestTooLong
 from conveyor.engine.core.kv_block import KVCacheBlock
 from conveyor.engine.core.kv_cache_manager import KVCacheManager
 from conveyor.engine.core.preemption import any_below, pick_victim, victims_below
@@ -96,11 +95,14 @@ class Scheduler:
 
         Returns the waiting requests pushed out to make room for it (finished with
         QUEUE_FULL and gone from the scheduler; they held no blocks), usually none.
-        Raises, changing nothing: RequestTooLong when prompt + max_tokens >
-        max_model_len, WaitingQueueFull when the queue is full and nobody ranks below
-        the request (see WaitingBounds; `exempt_from_bounds` requests skip the check).
+        Raises, changing nothing, WaitingQueueFull when the queue is full and nobody ranks
+        below the request (see WaitingBounds; `exempt_from_bounds` requests skip the
+        check). The request itself was checked by EngineCore.add_request (a new id, a
+        prompt, within max_model_len): here that is only asserted.
         """
-        self._check_new(request)
+        assert request.request_id not in self.requests, request.request_id
+        assert 0 < request.num_prompt_tokens <= (self.config.max_model_len
+                                                 - request.max_tokens), request.request_id
         shed = [] if request.exempt_from_bounds else self._make_room_for(request)
         request.arrival_seq = self._num_arrivals
         self._num_arrivals += 1
@@ -108,17 +110,6 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.add(request)
         return shed
-
-    def _check_new(self, request: Request) -> None:
-        if request.request_id in self.requests:
-            raise DuplicateRequestId(f"request id {request.request_id!r} is already in use")
-        if not request.prompt_token_ids:
-            raise ValueError(f"request {request.request_id!r} has an empty prompt")
-        max_model_len = self.config.max_model_len
-        if request.num_prompt_tokens + request.max_tokens > max_model_len:
-            raise RequestTooLong(
-                request.request_id, request.num_prompt_tokens, request.max_tokens, max_model_len
-            )
 
     def _make_room_for(self, request: Request) -> list[Request]:
         shed = self.bounds.requests_to_shed(self.waiting, request)
