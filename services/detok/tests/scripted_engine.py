@@ -58,9 +58,10 @@ class Failure:
 class ScriptedEngine(engine_pb2_grpc.EngineServicer):
     """Streams `samples[i]` as sample i, for i below the request's n, the samples' chunks
     interleaved (each sample's first chunk, then each one's second, ...); usage counts the
-    prompt and each sample's tokens (resumed ones included), logprobs come when asked
-    for. `fail` fails the call part way; `hold_after` tokens (all samples counted) the
-    stream waits for `release` to be set.
+    prompt and each sample's tokens (resumed ones included), logprobs and prompt logprobs
+    come when asked for (their alternatives: the ids after the token's). `fail` fails the
+    call part way; `hold_after` tokens (all samples counted) the stream waits for
+    `release` to be set.
 
     `requests` holds every call's request, `outcomes` how each ended (FINISHED, FAILED,
     CANCELLED); `ended()` waits until every call so far has ended."""
@@ -124,9 +125,18 @@ class ScriptedEngine(engine_pb2_grpc.EngineServicer):
             index=index, token_ids=token_ids,
             usage=engine_pb2.Usage(prompt_tokens=len(request.prompt_token_ids),
                                    completion_tokens=num_tokens))
-        if request.sampling.logprobs:
-            response.logprobs.extend(engine_pb2.PositionLogprobs(logprob=-token_id / 1000)
-                                     for token_id in token_ids)
+        sampling = request.sampling
+        if sampling.logprobs:
+            response.logprobs.extend(
+                engine_pb2.PositionLogprobs(logprob=-token_id / 1000,
+                                            top=_alternatives(token_id, sampling.top_logprobs))
+                for token_id in token_ids)
+        if sampling.HasField("prompt_logprobs") and index == 0 and \
+                num_tokens == len(token_ids):  # sample 0's first chunk
+            response.prompt_logprobs.extend(
+                engine_pb2.PositionLogprobs(logprob=-0.5, rank=1,
+                                            top=_alternatives(i, sampling.prompt_logprobs))
+                for i in request.prompt_token_ids[1:])
         if last and sample.finish_reason is not None:
             response.finish_reason = sample.finish_reason
             if sample.stop_token_id is not None:
@@ -137,6 +147,12 @@ class ScriptedEngine(engine_pb2_grpc.EngineServicer):
         if self.fail.reason is not None:
             context.set_trailing_metadata(((ERROR_REASON_KEY, self.fail.reason),))
         await context.abort(self.fail.code, self.fail.message)
+
+
+def _alternatives(token_id: int, num: int) -> list[engine_pb2.TokenLogprob]:
+    """`num` alternatives of a position: the ids after `token_id`."""
+    return [engine_pb2.TokenLogprob(token_id=token_id + k, logprob=-1.0 - k)
+            for k in range(1, num + 1)]
 
 
 async def serve(engine: ScriptedEngine) -> GrpcService:

@@ -146,6 +146,29 @@ async def test_n_samples_decode_and_finish_separately(detok, tokenizer, prompt, 
     assert await engine.ended() == CANCELLED  # both finished: sample 0 streamed no more
 
 
+async def test_logprobs_come_with_the_texts_of_the_tokens_they_show(detok, tokenizer, prompt,
+                                                                    serve_engine):
+    ids = tokenizer.encode("Hi 😀. Bye now")  # ". " complete at " By", cut inside a chunk
+    engine = ScriptedEngine(Sample(ids, chunk_sizes=(3, 3), finish_reason=None))
+    request = text_request(await serve_engine(engine), prompt, logprobs=True, stop=[". "])
+    request.generate.sampling.top_logprobs = 2
+    request.generate.sampling.prompt_logprobs = 1
+    responses = await generate(detok.address, request)
+    assert [i for r in responses for i in r.token_ids] == ids[:ids.index(tokenizer.encode(
+        " By")[0]) + 1]
+    for number, response in enumerate(responses):
+        shown = [*response.token_ids, *(t.token_id for p in response.logprobs for t in p.top)]
+        if number == 0:  # the prompt's tokens (its special one too) and their alternatives
+            shown += [*prompt, *(t.token_id for p in response.prompt_logprobs for t in p.top)]
+        assert dict(response.token_texts) == {
+            i: tokenizer.decode([i], skip_special_tokens=False) for i in shown}
+    assert "<|im_start|>" in responses[0].token_texts.values()
+    assert "\ufffd" in "".join(responses[0].token_texts.values())  # half an emoji alone
+    plain = await generate(detok.address, text_request(await serve_engine(
+        ScriptedEngine(Sample(ids))), prompt))
+    assert all(not r.token_texts for r in plain)  # no logprobs, no texts
+
+
 @pytest.mark.parametrize("failure", [
     Failure(3, grpc.StatusCode.UNAVAILABLE, "engine went away"),
     Failure(0, grpc.StatusCode.RESOURCE_EXHAUSTED, "waiting queue full", QUEUE_FULL),

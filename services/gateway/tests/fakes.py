@@ -32,6 +32,11 @@ SCRIPT = "Hello there, friend. This is a fake model talking slowly."
 
 
 class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
+    """Records each Decode request in `decodes`."""
+
+    def __init__(self) -> None:
+        self.decodes: list = []
+
     async def Render(self, request, context):
         text = "".join(f"{m.role}:{m.content}{''.join(p.text for p in m.parts)}\n"
                        for m in request.messages) + "assistant:"
@@ -60,6 +65,7 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
                                               num_tokens=len(ids), max_model_len=MAX_MODEL_LEN)
 
     async def Decode(self, request, context):
+        self.decodes.append(request)
         if any(i >= VOCAB_SIZE for i in request.token_ids):  # as the real tokenizer refuses
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token id outside the vocabulary")
         if request.each_token:
@@ -187,7 +193,8 @@ class FakeDetok(detok_pb2_grpc.DetokenizerServicer):
     """Opens the engine's stream and turns ids back into characters; stop strings matched
     on each sample's whole text, its last len(longest stop) - 1 characters held back
     until they cannot start a match (or the sample finishes); a resumed stream holds back
-    the text the caller has. The engine's failure is passed on, named as the engine's."""
+    the text the caller has; logprobs come with the texts of the ids they show (chr(id)).
+    The engine's failure is passed on, named as the engine's."""
 
     def __init__(self) -> None:
         self.streams_closed = 0
@@ -244,9 +251,18 @@ async def _text_responses(request, call):
             response.finish_reason = chunk.finish_reason
             if chunk.HasField("stop_token_id"):
                 response.stop_token_id = chunk.stop_token_id
+        response.token_texts.update(_shown_texts(response, request.generate.prompt_token_ids))
         yield response
         if all(done):
             return
+
+
+def _shown_texts(response, prompt_ids) -> dict[int, str]:
+    """As the real detok: the text of each id the response's logprobs show."""
+    ids = [*response.token_ids[:len(response.logprobs)],
+           *(prompt_ids if response.prompt_logprobs else ()),
+           *(t.token_id for p in (*response.logprobs, *response.prompt_logprobs) for t in p.top)]
+    return {i: chr(i) for i in ids}
 
 
 @dataclass

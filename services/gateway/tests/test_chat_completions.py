@@ -140,3 +140,22 @@ async def test_no_logprobs_means_no_decode_calls(gateway, monkeypatch):
     async with gateway.client() as client:
         await sse_events(client, {**CHAT, "max_tokens": 3, "stream": True})
     assert calls == []
+
+
+async def test_logprob_texts_come_from_detok_with_no_decode_call(gateway):
+    body = {**CHAT, "max_tokens": 3, "logprobs": True, "top_logprobs": 2}
+    echo = {"model": "fake-model", "prompt": "hi", "max_tokens": 2, "echo": True, "logprobs": 1}
+    async with gateway.client() as client:
+        whole = (await client.post("/v1/chat/completions",
+                                   json={**body, "prompt_logprobs": 1})).json()
+        events = await sse_events(client, {**body, "stream": True})
+        echoed = (await client.post("/v1/completions", json=echo)).json()
+    content = whole["choices"][0]["logprobs"]["content"]
+    assert [(e["token"], [t["token"] for t in e["top_logprobs"]]) for e in content] == [
+        ("H", ["H", "I"]), ("e", ["e", "f"]), ("l", ["l", "m"])]
+    assert [next(iter(e.values()))["decoded_token"] for e in whole["prompt_logprobs"][1:4]] \
+        == ["s", "e", "r"]  # "user:hi\n...": each prompt token's own text first
+    streamed = [e["choices"][0]["logprobs"] for e in events[1:-1] if e["choices"]]
+    assert [entry["token"] for lp in streamed if lp for entry in lp["content"]] == ["H", "e", "l"]
+    assert echoed["choices"][0]["logprobs"]["tokens"] == ["h", "i", "H", "e"]
+    assert gateway.fakes.tokenizer.decodes == []  # detok sent the texts

@@ -1,12 +1,13 @@
 """The Detokenizer gRPC servicer: opens the engine's stream and converts proto messages
 to and from the domain types of text_generation.py (nothing past this file imports
-*_pb2; the engine's logprobs and usage pass through as they came)."""
+*_pb2; the engine's logprobs and usage pass through as they came, with the texts of the
+tokens they show)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 
@@ -19,6 +20,7 @@ from conveyor.detok.errors import InvalidStreamError
 from conveyor.detok.offered_tools import ToolSpec
 from conveyor.detok.stream import StreamStart
 from conveyor.detok.text_generation import KnownText, SampleText, TextGeneration
+from conveyor.detok.token_texts import TokenTexts
 from conveyor.detok.tool_call_formats import ToolCallFormat
 from conveyor.detok.tool_call_stream import ToolCallOptions
 from conveyor.v1 import detok_pb2, detok_pb2_grpc, engine_pb2, engine_pb2_grpc
@@ -40,6 +42,7 @@ class DetokenizerServicer(detok_pb2_grpc.DetokenizerServicer):
     def __init__(self, tokenizer, engines: Channels):
         self._tokenizer = tokenizer
         self._engines = engines
+        self._token_texts = TokenTexts(tokenizer)
 
     async def Generate(self, request, context) -> AsyncIterator:
         try:
@@ -50,7 +53,8 @@ class DetokenizerServicer(detok_pb2_grpc.DetokenizerServicer):
         call = stub.Generate(request.generate)
         try:
             async for chunk in call:
-                response = _response(generation, chunk)
+                response = _response(generation, chunk, self._token_texts,
+                                     request.generate.prompt_token_ids)
                 if response is not None:
                     yield response
                 if generation.is_finished:
@@ -111,7 +115,8 @@ _ENDS = (engine_pb2.FINISH_REASON_STOP, engine_pb2.FINISH_REASON_LENGTH)
 it elsewhere, so held-back text stays held)."""
 
 
-def _response(generation: TextGeneration, chunk) -> detok_pb2.TextGenerateResponse | None:
+def _response(generation: TextGeneration, chunk, token_texts: TokenTexts,
+              prompt_ids) -> detok_pb2.TextGenerateResponse | None:
     """The response for one engine chunk; None for a sample that already ended."""
     text = generation.push(chunk.index, list(chunk.token_ids), chunk.finish_reason in _ENDS)
     if text is None:
@@ -121,6 +126,8 @@ def _response(generation: TextGeneration, chunk) -> detok_pb2.TextGenerateRespon
         index=chunk.index, text_delta=text.text, tool_calls=_tool_calls(text),
         token_ids=chunk.token_ids[:kept], logprobs=chunk.logprobs[:kept],
         prompt_logprobs=chunk.prompt_logprobs, usage=chunk.usage)
+    if response.logprobs or response.prompt_logprobs:
+        response.token_texts.update(token_texts.texts(_shown_ids(response, prompt_ids)))
     if text.stop is not None:
         response.finish_reason = engine_pb2.FINISH_REASON_STOP
         response.stop_string = text.stop
@@ -130,6 +137,15 @@ def _response(generation: TextGeneration, chunk) -> detok_pb2.TextGenerateRespon
         if chunk.HasField("stop_token_id"):
             response.stop_token_id = chunk.stop_token_id
     return response
+
+
+def _shown_ids(response: detok_pb2.TextGenerateResponse, prompt_ids) -> Iterator[int]:
+    """The ids whose text the response's logprobs show (detok.proto's token_texts)."""
+    yield from response.token_ids[:len(response.logprobs)]
+    if response.prompt_logprobs:
+        yield from prompt_ids
+    for position in (*response.logprobs, *response.prompt_logprobs):
+        yield from (top.token_id for top in position.top)
 
 
 def _tool_calls(text: SampleText) -> list[detok_pb2.ToolCallDelta]:

@@ -6,9 +6,9 @@ The request's own task reads each choice (`next_delta`): no task of its own per 
 choice registers it for closing when it opens it (generation_request.py), so a choice is
 closed on every way out.
 
-The n samples of one prompt share one stream (`SharedStream`, the engine computes the
-prompt once): a demultiplexing task hands each delta to its sample's `SampleFeed`, which a
-choice reads as it reads a stream of its own.
+`ChoiceStreams.open` opens the choices of one prompt. Its n samples share one stream
+(`SharedStream`, the engine computes the prompt once): a demultiplexing task hands each
+delta to its sample's `SampleFeed`, which a choice reads as it reads a stream of its own.
 """
 
 from __future__ import annotations
@@ -272,7 +272,8 @@ class ChoiceStreams:
     """The choices of one request, their deltas merged in arrival order.
 
     One choice is read directly; several are raced with one pending read each, so a
-    delta waits on nothing but its own choice. `close()` closes every choice.
+    delta waits on nothing but its own choice. `close()` closes every choice, then the
+    shared streams they read.
     """
 
     def __init__(self) -> None:
@@ -281,12 +282,25 @@ class ChoiceStreams:
         self._reads: dict[asyncio.Future, int] = {}
         self._done: set[int] = set()
 
-    def add(self, choice: ChoiceStream) -> None:
-        self.choices.append(choice)
-
-    def add_shared(self, shared: SharedStream) -> None:
-        """A stream some of the choices read (closed after them)."""
-        self._shared.append(shared)
+    async def open(self, detok: DetokClient, target: Target, job: GenerateJob,
+                   choice_ids: list[str], options_of: Callable[[str], DetokOptions],
+                   move: Move) -> None:
+        """A choice per sample of `job` on the engine `target`, sample i named
+        `choice_ids[i]` (its text options are `options_of` that id): for n = 1 on a stream
+        of its own; for n > 1 on one stream split by sample, whose samples leave a failed
+        engine together (one move). A stream opened is closed by `close()`."""
+        if job.n == 1:
+            sources = [await detok.generate(target[1], job, options_of(choice_ids[0]), [])]
+            first_move = move
+        else:
+            shared = SharedStream(await detok.generate(
+                target[1], job, options_of(job.request_id), choice_ids), job.n)
+            self._shared.append(shared)
+            sources, first_move = shared.feeds, shared_move(move)
+        for sample, (source, choice_id) in enumerate(zip(sources, choice_ids, strict=True)):
+            self.choices.append(ChoiceStream(source, target, detok,
+                                             job.sample(sample, choice_id),
+                                             options_of(choice_id), move, first_move))
 
     async def next_delta(self) -> tuple[int, GenerationDelta] | None:
         """(choice index, delta) of the next output, None once every choice is over."""

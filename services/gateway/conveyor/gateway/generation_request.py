@@ -52,7 +52,7 @@ from conveyor.gateway.api.mapping import (
     max_tokens_for,
     sampling_options,
 )
-from conveyor.gateway.clients.detok import DetokOptions, GenerationDelta, TextStream, ToolCallFormat
+from conveyor.gateway.clients.detok import DetokOptions, GenerationDelta, ToolCallFormat
 from conveyor.gateway.clients.engine import GenerateJob
 from conveyor.gateway.clients.tokenizer import PromptTokens
 from conveyor.gateway.clients.upstream import UpstreamError
@@ -64,15 +64,7 @@ from conveyor.gateway.errors import (
     to_api_error,
     unavailable,
 )
-from conveyor.gateway.generation import (
-    ChoiceStream,
-    ChoiceStreams,
-    Move,
-    SampleFeed,
-    SharedStream,
-    Target,
-    shared_move,
-)
+from conveyor.gateway.generation import ChoiceStreams, Target
 from conveyor.gateway.models import ServedModel
 from conveyor.gateway.observability import DISCONNECTED_STATUS, describe_generation, record_usage
 from conveyor.gateway.output_constraints import OutputPlan, output_plan
@@ -238,7 +230,7 @@ class GenerationRequest:
     async def _open_choices(self, engine: EngineEntry) -> tuple[int, GenerationDelta]:
         """One choice per (prompt, sample); choice index = prompt index * n + sample.
         The n samples of a prompt are one Generate call (the engine computes the prompt
-        once), its stream split by sample (generation.py:SharedStream)."""
+        once), its stream split by sample (generation.py:ChoiceStreams.open)."""
         pipeline, body = self.pipeline, self.body
         target = (engine.engine_id, engine.address)
         self._stack.push_async_callback(self._choices.close)
@@ -250,11 +242,8 @@ class GenerationRequest:
                               constraint=self._plan.constraint, lora=self.model.lora)
             choice_ids = [f"{self.request_id}-{prompt_index * body.n + sample}"
                           for sample in range(body.n)]
-            streams, first_move = await self._sample_streams(target, job, choice_ids)
-            for sample, (stream, choice_id) in enumerate(zip(streams, choice_ids, strict=True)):
-                self._choices.add(ChoiceStream(
-                    stream, target, pipeline.detok, job.sample(sample, choice_id),
-                    self._detok_options(choice_id), self._move_choice, first_move))
+            await self._choices.open(pipeline.detok, target, job, choice_ids,
+                                     self._detok_options, self._move_choice)
         self._timeline.mark(Stage.QUEUED, engine_id=engine.engine_id)
         describe_generation(self.kind.name, self.model.name, body.requested_max_tokens,
                             self.request_id)
@@ -268,21 +257,6 @@ class GenerationRequest:
 
     def _detok_options(self, request_id: str) -> DetokOptions:
         return detok_options(self.body, request_id, self._plan.tool_calls)
-
-    async def _sample_streams(self, target: Target, job: GenerateJob, choice_ids: list[str]
-                              ) -> tuple[list[TextStream | SampleFeed], Move]:
-        """The stream of each sample of `job` and what answers their first engine failure:
-        for n = 1 a stream of its own; for n > 1 one stream split by sample, whose samples
-        leave a failed engine together (one move)."""
-        detok = self.pipeline.detok
-        if job.n == 1:
-            return [await detok.generate(target[1], job, self._detok_options(choice_ids[0]),
-                                         [])], self._move_choice
-        stream = await detok.generate(target[1], job, self._detok_options(job.request_id),
-                                      choice_ids)
-        shared = SharedStream(stream, job.n)
-        self._choices.add_shared(shared)
-        return shared.feeds, shared_move(self._move_choice)
 
     async def _move_choice(self, failed_engine_id: str, failure: Exception) -> Target | None:
         """Another live engine for a choice whose engine failed mid-stream, while the

@@ -1,17 +1,10 @@
 """The OpenAI shapes of logprobs: chat's and text completions' (and vLLM's prompt logprobs,
-and echo's), built from the engine's positions and the tokens' texts."""
+and echo's), built from the engine's positions and the tokens' texts (detok's, one per id:
+GenerationDelta.token_texts)."""
 
 from __future__ import annotations
 
 from conveyor.gateway.clients.engine import PositionLogprobs
-
-
-def needed_token_ids(token_ids: list[int], logprobs: list[PositionLogprobs]) -> set[int]:
-    """Every id whose text the logprobs below will show."""
-    ids = set(token_ids)
-    for position in logprobs:
-        ids.update(token_id for token_id, _ in position.top)
-    return ids
 
 
 def chat_logprobs(

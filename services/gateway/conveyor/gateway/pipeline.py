@@ -24,7 +24,6 @@ from conveyor.gateway.routing.router import Router
 from conveyor.gateway.settings import GatewaySettings
 from conveyor.gateway.tenancy.admission import TenantAdmitter
 from conveyor.gateway.tenancy.timeline import TimelineStore
-from conveyor.gateway.token_texts import TokenTexts
 
 log = logging.getLogger("conveyor.gateway")
 
@@ -47,7 +46,6 @@ class Pipeline:
     timelines: TimelineStore
     redis: Redis
     catalog: ModelCatalog
-    token_texts: TokenTexts
     metrics: GatewayMetrics
     responses: ResponseStore
     draining: bool = False
@@ -85,7 +83,6 @@ class Pipeline:
                                     ttl_s=settings.timeline_ttl_s),
             redis=redis,
             catalog=ModelCatalog(tokenizer, settings.served_model_name, adapters),
-            token_texts=TokenTexts(tokenizer),
             metrics=metrics,
             responses=ResponseStore(redis, prefix=settings.redis_prefix,
                                     ttl_s=settings.responses_ttl_s),

@@ -2,8 +2,9 @@
 
 Each format turns a choice's GenerationDelta into streaming chunks, and finished
 ChoiceResults into the non-streaming response; it also says how its stream is framed
-(SSE `data:` lines ending in `data: [DONE]`, the Responses API's named events) and which
-token ids its logprobs show (logprob_entries.py); usage_totals.py counts the usage."""
+(SSE `data:` lines ending in `data: [DONE]`, the Responses API's named events); its
+logprobs (logprob_entries.py) show the token texts detok sent with the deltas;
+usage_totals.py counts the usage."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from conveyor.gateway.logprob_entries import (
     chat_logprobs,
     completion_logprobs,
     echo_logprobs,
-    needed_token_ids,
     prompt_logprobs_entries,
 )
 from conveyor.gateway.usage_totals import UsageTotals, usage_so_far
@@ -105,9 +105,9 @@ def _finish_reason(reason: str | None, called: bool) -> str | None:
 
 
 class ResponseFormat:
-    """What the shapes share: the envelope, the SSE framing, which token texts the
-    logprobs need, and the options of `OutputOptions`. `prompts` are the request's
-    prompts in order (choice i answers prompt i // n)."""
+    """What the shapes share: the envelope, the SSE framing and the options of
+    `OutputOptions`. `prompts` are the request's prompts in order (choice i answers
+    prompt i // n). The token texts its logprobs show come with the deltas (detok's)."""
 
     chunk_object: str
     response_object: str
@@ -185,32 +185,7 @@ class ResponseFormat:
     def choice(self, index: int, result: ChoiceResult, texts: dict[int, str]) -> dict:
         raise NotImplementedError
 
-    # -- token texts --------------------------------------------------------------------
-
-    def delta_token_ids(self, index: int, delta: GenerationDelta) -> set[int]:
-        """The ids whose text the chunks of this delta show."""
-        return self._shown_ids(index, delta.token_ids, delta.logprobs, delta.prompt_logprobs,
-                               self._echoes_next(index))
-
-    def result_token_ids(self, results: list[ChoiceResult]) -> set[int]:
-        """The ids whose text the response of these results shows."""
-        ids: set[int] = set()
-        for index, result in enumerate(results):
-            ids |= self._shown_ids(index, result.token_ids, result.logprobs,
-                                   result.prompt_logprobs, self.options.echo)
-        return ids
-
-    def _shown_ids(self, index: int, token_ids: list[int], logprobs: list[PositionLogprobs],
-                   prompt_logprobs: list[PositionLogprobs], echoes: bool) -> set[int]:
-        ids = needed_token_ids(token_ids, logprobs) if self.wants_logprobs and logprobs \
-            else set()
-        if prompt_logprobs or (echoes and self.wants_logprobs):
-            ids |= needed_token_ids(self._prompt_of(index).token_ids, prompt_logprobs)
-        return ids
-
-    def _echoes_next(self, index: int) -> bool:
-        """Whether the next chunk of choice `index` starts with its echoed prompt."""
-        return False
+    # -- per choice ---------------------------------------------------------------------
 
     def _prompt_of(self, index: int) -> PromptTokens:
         return self.prompts[index // self.options.n]

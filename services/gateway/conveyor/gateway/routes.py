@@ -195,8 +195,7 @@ class _Writer:
         item = first
         while item is not None:
             index, delta = item
-            texts = await self._texts(fmt.delta_token_ids(index, delta))
-            for chunk in fmt.delta_chunks(index, delta, texts):
+            for chunk in fmt.delta_chunks(index, delta, delta.token_texts):
                 await self._body(fmt.encode(chunk))
             item = await request.next_delta()
         for chunk in fmt.closing_chunks(request.usage):
@@ -207,18 +206,13 @@ class _Writer:
         request = self._request
         results = [ChoiceResult() for _ in range(request.body.n * len(
             request.usage.prompt_lengths))]
+        texts: dict[int, str] = {}
         item = first
         while item is not None:
             results[item[0]].add(item[1])
+            texts.update(item[1].token_texts)
             item = await request.next_delta()
-        texts = await self._texts(fmt.result_token_ids(results))
         await self._json(200, fmt.response(results, texts, request.usage))
-
-    async def _texts(self, token_ids: set[int]) -> dict[int, str]:
-        """The texts of the tokens the logprobs show (none asked: no call)."""
-        if not token_ids:
-            return {}
-        return await self._request.pipeline.token_texts.texts(token_ids)
 
     async def _json(self, status: int, payload: dict, headers: dict[str, str] | None = None):
         body = json.dumps(payload, separators=(",", ":")).encode()

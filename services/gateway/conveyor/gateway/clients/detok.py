@@ -85,7 +85,8 @@ class GenerationDelta:
     logprobs, if asked for); the sample's last delta has a finish_reason ("stop",
     "length", or "abort": the engine gave the request up), the stop reason (stop string
     or token id) and the usage. The first delta of a request whose engine computed prompt
-    logprobs carries them (prompt positions 1 .. len - 1)."""
+    logprobs carries them (prompt positions 1 .. len - 1). `token_texts` has the text of
+    every token id those logprobs show (detok's: each id decoded alone)."""
 
     text: str
     token_ids: list[int]
@@ -96,6 +97,7 @@ class GenerationDelta:
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs] = field(default_factory=list)
     index: int = 0
+    token_texts: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -226,4 +228,5 @@ def generation_delta(message: detok_pb2.TextGenerateResponse) -> GenerationDelta
         tool_calls=[ToolCallDelta(d.index, d.id, d.name, d.arguments) for d in message.tool_calls],
         prompt_logprobs=[position_logprobs(p) for p in message.prompt_logprobs],
         index=message.index,
+        token_texts=dict(message.token_texts),
     )
