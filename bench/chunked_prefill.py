@@ -52,7 +52,7 @@ def measure_decode_itl(llm, maker: PromptMaker, num_streams: int = 4,
 
 def _step_until(core, times: dict[str, list[float]], done) -> None:
     while not done() and core.has_unfinished_requests:
-        deltas = core.step().deltas
+        deltas = core.step()
         now = time.perf_counter()
         for delta in deltas:
             if delta.new_token_ids and delta.request_id in times:

@@ -64,21 +64,19 @@ class DraftCounter:
     """Sums the drafts verified and accepted over the engine's steps while it is on."""
 
     def __init__(self, core) -> None:
-        self.core, self._step = core, core.step
+        self.core = core
         self.num_draft_tokens = self.num_accepted_tokens = self.num_steps = 0
 
     def __enter__(self) -> DraftCounter:
-        def counted():
-            result = self._step()
+        def counted(iteration):
             self.num_steps += 1
-            self.num_draft_tokens += result.iteration.num_draft_tokens
-            self.num_accepted_tokens += result.iteration.num_accepted_tokens
-            return result
-        self.core.step = counted
+            self.num_draft_tokens += iteration.num_draft_tokens
+            self.num_accepted_tokens += iteration.num_accepted_tokens
+        self.core.timer.on_iteration = counted
         return self
 
     def __exit__(self, *exc) -> None:
-        self.core.step = self._step
+        self.core.timer.on_iteration = None
 
 
 ARMS = ("off", "ngram", "draft")

@@ -28,10 +28,10 @@ from conveyor.engine.core.errors import DuplicateRequestId
 from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.engine_stats import EngineStats
+from conveyor.engine.iteration_stats import IterationStats
 from conveyor.engine.lora.adapter_store import AdapterStore
 from conveyor.engine.metrics import EngineMetrics
 from conveyor.engine.request_delta import RequestDelta
-from conveyor.engine.step_result import StepResult
 from conveyor.engine.structured.errors import InvalidConstraint
 
 log = logging.getLogger("conveyor.engine.loop")
@@ -86,6 +86,10 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._stopped = False
         self._stats = None if self._factory else core.stats()
+        self._idle = False
+        """The latest step found nothing it could run (wait before stepping again)."""
+        if self.core is not None:
+            self.core.timer.on_iteration = self._on_iteration
         self._built = threading.Event()
         self._build_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -195,14 +199,20 @@ class AsyncEngine:
             if inbox is None:
                 break
             self._apply(inbox)
-            if self.core.has_unfinished_requests:
-                self._step_once()
-            self._publish_stats()
+            stepped = self.core.has_unfinished_requests
+            deltas = self._step_once() if stepped else []
+            self._publish_stats()  # first: a caller that saw a step's deltas sees its stats
+            for delta in deltas:
+                self._send(delta.request_id, delta)
+            if stepped and self._idle:  # nothing could run: wait a little
+                with self._lock:
+                    self._lock.wait(IDLE_WAIT_S)
         log.info("engine loop stopped")
 
     def _build_core(self) -> bool:
         try:
             self.core = self._factory()
+            self.core.timer.on_iteration = self._on_iteration
             self._stats = self.core.stats()
         except BaseException as exc:  # re-raised by start() on the caller's thread
             self._build_error = exc
@@ -234,23 +244,19 @@ class AsyncEngine:
             for request_id, error in pushed_out.items():
                 self._send(request_id, error)
 
-    def _step_once(self) -> None:
+    def _step_once(self) -> list[RequestDelta]:
         try:
-            result = self.core.step()
+            return self.core.step()
         except Exception as exc:  # a bug outside the model: fail everyone, keep serving
             log.exception("engine step failed; failing all requests")
             self._fail_everything(RequestFailedError(f"engine error: {exc}"))
-            return
-        self._deliver(result)
-        if result.num_scheduled_tokens == 0:
-            with self._lock:
-                self._lock.wait(IDLE_WAIT_S)
+            return []
 
-    def _deliver(self, result: StepResult) -> None:
-        for delta in result.deltas:
-            self._send(delta.request_id, delta)
+    def _on_iteration(self, iteration: IterationStats) -> None:
+        """The core's step observer (on the loop thread): metrics, and whether it idled."""
+        self._idle = iteration.num_scheduled_tokens == 0
         if self.metrics is not None:
-            self.metrics.record_iteration(result.iteration)
+            self.metrics.record_iteration(iteration)
 
     def _send(self, request_id: str, item: RequestDelta | BaseException) -> None:
         with self._lock:

@@ -22,21 +22,17 @@ import time
 from collections.abc import Iterable
 
 from conveyor.common.sampling_fields import sample_seed
-from conveyor.engine import step_timing
 from conveyor.engine.core.errors import DuplicateRequestId, RequestTooLong, WaitingQueueFull
 from conveyor.engine.core.request import FinishReason, Request
-from conveyor.engine.core.request_update import RequestUpdate
 from conveyor.engine.core.scheduler import Scheduler
-from conveyor.engine.core.scheduler_output import ModelRunnerOutput, PromptTokenLogprob
 from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.engine_stats import EngineStats
 from conveyor.engine.isolating_runner import IsolatingRunner, ModelRunnerLike
-from conveyor.engine.iteration_stats import IterationStats
 from conveyor.engine.lora.adapter_store import AdapterStore
-from conveyor.engine.request_delta import RequestDelta
+from conveyor.engine.request_delta import RequestDelta, delta_of
 from conveyor.engine.request_timing import RequestTiming
-from conveyor.engine.step_result import StepResult
+from conveyor.engine.step_timing import IterationSink, StepTimer
 from conveyor.engine.structured.errors import InvalidConstraint
 from conveyor.engine.structured.grammar_compiler import GrammarCompiler
 from conveyor.engine.structured.request_grammar import RequestGrammar
@@ -49,7 +45,8 @@ class EngineCore:
 
     def __init__(self, scheduler: Scheduler, runner: ModelRunnerLike, info: EngineInfo,
                  grammars: GrammarCompiler | None = None,
-                 grammar_compile_timeout_s: float = 10.0, loras: AdapterStore | None = None):
+                 grammar_compile_timeout_s: float = 10.0, loras: AdapterStore | None = None,
+                 on_iteration: IterationSink | None = None):
         self.scheduler = scheduler
         self._isolating = IsolatingRunner(runner)
         self.info = info
@@ -58,14 +55,15 @@ class EngineCore:
         self.grammar_compile_timeout_s = grammar_compile_timeout_s
         self.loras = loras
         """The LoRA adapters held in memory; None: this engine serves none (max_loras 0)."""
-        self._children: dict[str, list[str]] = {}
-        """Caller request id -> its unfinished scheduler request ids (held ones included)."""
+        self._children: dict[str, dict[int, str]] = {}
+        """Caller request id -> sample index -> its unfinished scheduler request ids (held
+        ones included)."""
         self._held_siblings: dict[str, list[Request]] = {}
         """First sample's id -> samples 1..n-1, added once its prompt is cached."""
-        self._prompt_logprobs: dict[str, list[PromptTokenLogprob]] = {}
-        """Scheduler request id -> its prompt logprobs so far, until its first token."""
         self._awaiting_grammar: dict[str, Request] = {}
         """Queued scheduler requests whose grammar has not started yet, by id."""
+        self.timer = StepTimer(on_iteration)
+        """Times each step; its on_iteration (the metrics) gets each step's stats."""
 
     @property
     def runner(self) -> ModelRunnerLike:
@@ -101,7 +99,7 @@ class EngineCore:
         self._ask_for_grammar(request, samples)
         first, rest = samples[0], samples[1:]
         shed = self._submit(first)
-        self._children[request.request_id] = [s.request_id for s in samples]
+        self._children[request.request_id] = {s.sample_index: s.request_id for s in samples}
         if rest and self._shares_prompt_blocks:
             self._held_siblings[first.request_id] = rest
         else:
@@ -113,7 +111,7 @@ class EngineCore:
         """The one check of a new request (the scheduler only asserts): neither its id nor
         its samples' ids in use (a held sample's included), a prompt, and prompt +
         max_tokens within max_model_len."""
-        in_use = set(self._children).union(*self._children.values())
+        in_use = set(self._children).union(*(c.values() for c in self._children.values()))
         if in_use.intersection([request.request_id, *(s.request_id for s in samples)]):
             raise DuplicateRequestId(f"request_id {request.request_id!r} is already running")
         if not request.prompt_token_ids:
@@ -178,9 +176,8 @@ class EngineCore:
     def abort(self, request_ids: Iterable[str]) -> None:
         """Drop the caller requests `request_ids` (unknown ids are ignored); frees their blocks."""
         for parent_id in request_ids:
-            for request_id in self._children.pop(parent_id, []):
+            for request_id in self._children.pop(parent_id, {}).values():
                 self._held_siblings.pop(request_id, None)
-                self._prompt_logprobs.pop(request_id, None)
                 self._awaiting_grammar.pop(request_id, None)
                 self.scheduler.abort(request_id)  # False for a held sibling: never added
 
@@ -189,35 +186,23 @@ class EngineCore:
         if self.grammars is not None:
             self.grammars.close()
 
-    def step(self) -> StepResult:
+    def step(self) -> list[RequestDelta]:
         """Schedule, run the model, and report what each request gained.
 
-        A request the model fails on ends with delta.error set and finish ABORT
-        (its blocks freed at the end of the step); the others go on.
+        A request the model fails on ends with delta.error set and finish ABORT (its
+        blocks freed as the step ends); the others go on. The step's timing and metrics
+        go to `timer` (its on_iteration receives them).
         """
-        result = StepResult()
-        result.deltas = self._start_grammars()
-        scheduler_output = self.scheduler.schedule()
-        now = time.monotonic()
-        self._mark_preempted(scheduler_output.preempted_request_ids, now)
-        # This step's requests, looked up now: the scheduler forgets those that finish in it.
-        in_step = {item.request_id: self.scheduler.requests[item.request_id]
-                   for item in scheduler_output.scheduled}
-        prefills = step_timing.mark_scheduled(scheduler_output.scheduled, in_step, now,
-                                              result.iteration)
-        if scheduler_output.is_empty:  # close the step: aborts in it free their blocks now
-            self.scheduler.update_from_output(scheduler_output, ModelRunnerOutput())
-            return result
-        executed = self._isolating.execute(scheduler_output)
-        # Counted after the step: a draft model fills its draft slots in the runner.
-        result.iteration.num_scheduled_tokens = scheduler_output.num_batched_tokens
-        step_timing.end_chunks(prefills, time.monotonic())
-        for request_id, entries in executed.output.prompt_logprobs.items():
-            self._prompt_logprobs.setdefault(request_id, []).extend(entries)
-        failed = self._abort_failed(executed.failures)
-        updates = self.scheduler.update_from_output(scheduler_output, executed.output)
-        result.deltas += [*failed, *self._collect(updates, in_step, result.iteration)]
-        return result
+        deltas = self._start_grammars()
+        batch = self.scheduler.schedule()
+        self.timer.scheduled(batch, self.scheduler.requests)
+        output = self._isolating.execute(batch)
+        self.timer.executed(batch)
+        new = self.scheduler.update_from_output(batch, output)
+        self.timer.updated(new, output)
+        for delta in new:
+            self._settle(delta)
+        return deltas + new
 
     def _start_grammars(self) -> list[RequestDelta]:
         """Start the matcher of each queued request whose grammar has compiled; fail (the
@@ -241,87 +226,21 @@ class EngineCore:
         """Abort the caller request of `request` (every sample) with `error`; it held no
         blocks (it never ran)."""
         self.abort([request.caller_id])
-        return RequestDelta(request_id=request.caller_id, index=request.sample_index,
-                            finish_reason=FinishReason.ABORT, error=error,
-                            invalid_request=invalid_request,
-                            num_prompt_tokens=request.num_prompt_tokens,
-                            num_output_tokens=request.num_output_tokens)
+        request.finish(FinishReason.ABORT)
+        return delta_of(request, [], error=error, invalid_request=invalid_request)
 
-    def _mark_preempted(self, request_ids: list[str], now: float) -> None:
-        for request_id in request_ids:
-            self._prompt_logprobs.pop(request_id, None)  # its prompt is computed again
-            request = self.scheduler.requests.get(request_id)
-            if request is not None:
-                request.timing.preemption_times.append(now)
-
-    def _collect(self, updates: list[RequestUpdate], in_step: dict[str, Request],
-                 iteration: IterationStats) -> list[RequestDelta]:
-        now = time.monotonic()
-        deltas = []
-        for update in updates:
-            request = in_step[update.request_id]
-            delta = self._delta(request, update)
-            step_timing.record_delta(request, delta, now, iteration)
-            iteration.record_drafts(update.num_draft_tokens, update.num_accepted_tokens)
-            if delta.finished:
-                self._finish(request)
-            else:
-                self._release_siblings(request.request_id)
-            deltas.append(delta)
-        return deltas
-
-    def _delta(self, request: Request, update: RequestUpdate) -> RequestDelta:
-        wants_logprobs = request.sampling_params.logprobs
-        prompt_logprobs = None
-        if update.new_token_ids or update.finish_reason is not None:
-            prompt_logprobs = self._prompt_logprobs.pop(request.request_id, None)
-        return RequestDelta(
-            request_id=request.caller_id,
-            index=request.sample_index,
-            new_token_ids=update.new_token_ids,
-            new_logprobs=list(update.new_tokens) if wants_logprobs else None,
-            prompt_logprobs=prompt_logprobs,
-            finish_reason=update.finish_reason,
-            stop_token_id=_stop_token_of(request, update),
-            num_prompt_tokens=update.num_prompt_tokens,
-            num_output_tokens=update.num_output_tokens,
-            num_cached_tokens=update.num_cached_tokens,
-            num_draft_tokens=request.num_draft_tokens,
-            num_accepted_draft_tokens=request.num_accepted_tokens,
-        )
-
-    def _finish(self, request: Request) -> None:
-        """Forget a finished scheduler request (the scheduler has freed its blocks)."""
-        self._release_siblings(request.request_id)
-        siblings = self._children.get(request.caller_id, [])
-        if request.request_id in siblings:
-            siblings.remove(request.request_id)
-        if not siblings:
-            self._children.pop(request.caller_id, None)
-
-    def _release_siblings(self, request_id: str) -> None:
+    def _settle(self, delta: RequestDelta) -> None:
+        """Forget a finished sample; a sample's first delta lets its held siblings in."""
+        samples = self._children.get(delta.request_id, {})
+        request_id = samples.get(delta.index)
+        if request_id is None:
+            return
         for sibling in self._held_siblings.pop(request_id, []):
             self._submit(sibling)
-
-    def _abort_failed(self, failures: dict[str, Exception]) -> list[RequestDelta]:
-        """Abort requests the model failed on; the scheduler frees their blocks when the
-        step ends and gives them no token."""
-        deltas = []
-        for request_id, exc in failures.items():
-            request = self.scheduler.requests.get(request_id)
-            if request is None:
-                continue
-            self.scheduler.abort(request_id)
-            self._prompt_logprobs.pop(request_id, None)
-            deltas.append(RequestDelta(
-                request_id=request.caller_id, index=request.sample_index,
-                finish_reason=FinishReason.ABORT,
-                error=f"model error: {type(exc).__name__}: {exc}",
-                num_prompt_tokens=request.num_prompt_tokens,
-                num_output_tokens=request.num_output_tokens,
-            ))
-            self._finish(request)
-        return deltas
+        if delta.finished:
+            del samples[delta.index]
+            if not samples:
+                del self._children[delta.request_id]
 
     def stats(self) -> EngineStats:
         stats = self.scheduler.stats
@@ -358,9 +277,3 @@ class EngineCore:
 def _adapter_names(requests: Iterable[Request]) -> tuple[str, ...]:
     """The adapters of `requests`, each once, in order."""
     return tuple(dict.fromkeys(r.lora.name for r in requests if r.lora is not None))
-
-
-def _stop_token_of(request: Request, update: RequestUpdate) -> int | None:
-    if update.finish_reason is FinishReason.STOP and request.output_token_ids:
-        return request.output_token_ids[-1]
-    return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
@@ -15,16 +14,9 @@ class ModelRunnerLike(Protocol):
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
 
 
-@dataclass(slots=True)
-class IsolatedOutput:
-    """The runner's output for the requests that ran, and the error of each that failed."""
-
-    output: ModelRunnerOutput = field(default_factory=ModelRunnerOutput)
-    failures: dict[str, Exception] = field(default_factory=dict)
-
-
 class IsolatingRunner:
-    """When a batch fails, runs its requests again one by one so only the guilty fail.
+    """When a batch fails, runs its requests again one by one so only the guilty fail:
+    each failure becomes an entry of the output's `failures`.
 
     Rerunning is safe: a request's KV writes go to its own slots and are the same
     values again, and attention reads only the request's own blocks.
@@ -33,19 +25,23 @@ class IsolatingRunner:
     def __init__(self, runner: ModelRunnerLike):
         self.runner = runner
 
-    def execute(self, scheduler_output: SchedulerOutput) -> IsolatedOutput:
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """The runner's output for the step (an empty one for an empty step)."""
+        if scheduler_output.is_empty:
+            return ModelRunnerOutput()
         try:
-            return IsolatedOutput(self.runner.execute(scheduler_output))
+            return self.runner.execute(scheduler_output)
         except Exception as exc:
             if len(scheduler_output.scheduled) == 1:
                 log.exception("model step failed")
-                return IsolatedOutput(failures={scheduler_output.scheduled[0].request_id: exc})
+                return ModelRunnerOutput(
+                    failures={scheduler_output.scheduled[0].request_id: _message(exc)})
             log.warning("model step of %d requests failed (%s); retrying them one by one",
                         len(scheduler_output.scheduled), exc)
             return self._execute_one_by_one(scheduler_output)
 
-    def _execute_one_by_one(self, scheduler_output: SchedulerOutput) -> IsolatedOutput:
-        result = IsolatedOutput()
+    def _execute_one_by_one(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        result = ModelRunnerOutput()
         for i, scheduled in enumerate(scheduler_output.scheduled):
             first = i == 0  # the bookkeeping lists go with the first retry only
             single = SchedulerOutput(
@@ -56,9 +52,13 @@ class IsolatingRunner:
             )
             try:
                 output = self.runner.execute(single)
-                result.output.sampled.update(output.sampled)
-                result.output.prompt_logprobs.update(output.prompt_logprobs)
+                result.sampled.update(output.sampled)
+                result.prompt_logprobs.update(output.prompt_logprobs)
             except Exception as exc:
                 log.exception("model failed request %s", scheduled.request_id)
-                result.failures[scheduled.request_id] = exc
+                result.failures[scheduled.request_id] = _message(exc)
         return result
+
+
+def _message(exc: Exception) -> str:
+    return f"model error: {type(exc).__name__}: {exc}"

@@ -142,7 +142,7 @@ class LLM:
             with tqdm(total=len(requests), desc="Generating", unit="req",
                       disable=not progress) as bar:
                 while self.core.has_unfinished_requests:
-                    for delta in self.core.step().deltas:
+                    for delta in self.core.step():
                         output = by_id[delta.request_id]
                         self._apply(output, delta)
                         bar.update(int(delta.finished and output.finished))

@@ -1,10 +1,13 @@
-"""What one engine step produced for one request: its new tokens, and the end if it ended."""
+"""What one engine step produced for one request: its new tokens, and the end if it ended.
+
+The engine's one step output (vLLM v1's EngineCoreOutput): the scheduler makes it, and
+the engine core, the async engine, the servicer and the offline LLM pass it on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from conveyor.engine.core.request import FinishReason
+from conveyor.engine.core.request import FinishReason, Request
 from conveyor.engine.core.scheduler_output import PromptTokenLogprob, SampledToken
 from conveyor.engine.request_timing import RequestTiming
 
@@ -47,3 +50,32 @@ class RequestDelta:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def delta_of(request: Request, new_tokens: list[SampledToken], error: str | None = None,
+             invalid_request: bool = False) -> RequestDelta:
+    """`request`'s delta for this step: `new_tokens` (their logprobs when it asked), its
+    prompt logprobs with its first token, its finish and usage so far."""
+    reason = request.finish_reason
+    prompt_logprobs = None
+    if request.pending_prompt_logprobs is not None and (new_tokens or reason is not None):
+        prompt_logprobs, request.pending_prompt_logprobs = request.pending_prompt_logprobs, None
+    stop_token_id = None
+    if reason is FinishReason.STOP and request.output_token_ids:
+        stop_token_id = request.output_token_ids[-1]
+    return RequestDelta(
+        request_id=request.caller_id,
+        index=request.sample_index,
+        new_token_ids=[token.token_id for token in new_tokens],
+        new_logprobs=list(new_tokens) if request.sampling_params.logprobs else None,
+        prompt_logprobs=prompt_logprobs,
+        finish_reason=reason,
+        stop_token_id=stop_token_id,
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_output_tokens=request.num_output_tokens,
+        num_cached_tokens=request.num_cached_tokens or 0,
+        num_draft_tokens=request.num_draft_tokens,
+        num_accepted_draft_tokens=request.num_accepted_tokens,
+        error=error,
+        invalid_request=invalid_request,
+    )

@@ -1,56 +1,98 @@
-"""What one step adds to its requests' timing (request_timing.py) and to the step's
-metrics (iteration_stats.py): first schedules, prefill chunks, token times and the
-stats of the samples that finished. EngineCore.step calls these around the model's run.
+"""The engine's step observer: what one step adds to its requests' timing
+(request_timing.py) and to the step's metrics (iteration_stats.py): first schedules,
+preemptions, prefill chunks, token times, drafts and the stats of the samples that
+finished. EngineCore.step tells it when a step is scheduled, executed and updated; at
+the end of each step it hands the step's IterationStats to `on_iteration`.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Mapping
+
 from conveyor.engine.core.request import Request
-from conveyor.engine.core.scheduler_output import ScheduledRequest
+from conveyor.engine.core.scheduler_output import (
+    ModelRunnerOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 from conveyor.engine.iteration_stats import FinishedRequestStats, IterationStats
 from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.request_timing import PrefillChunk
 
-
-def mark_scheduled(scheduled: list[ScheduledRequest], in_step: dict[str, Request], now: float,
-                   iteration: IterationStats) -> list[PrefillChunk]:
-    """Note first schedules (queue time) and open this step's prefill chunks."""
-    prefills = []
-    for item in scheduled:
-        timing = in_step[item.request_id].timing
-        if timing.first_scheduled_time is None:
-            timing.first_scheduled_time = now
-            iteration.queue_time.append(now - timing.arrival_time)
-        if _is_prefill(item):
-            chunk = PrefillChunk(now, item.num_computed_tokens, len(item.token_ids))
-            timing.prefill_chunks.append(chunk)
-            prefills.append(chunk)
-    return prefills
+IterationSink = Callable[[IterationStats], None]
 
 
-def end_chunks(chunks: list[PrefillChunk], now: float) -> None:
-    for chunk in chunks:
-        chunk.end_time = now
+class StepTimer:
+    """Times one step at a time; `on_iteration` (None: nobody) receives each step's stats."""
 
+    def __init__(self, on_iteration: IterationSink | None = None):
+        self.on_iteration = on_iteration
+        self._iteration = IterationStats()
+        self._in_step: dict[tuple[str, int], tuple[Request, ScheduledRequest]] = {}
+        """(caller id, sample index) -> the request and its share of this step: the
+        scheduler forgets those that finish in it."""
+        self._prefills: list[PrefillChunk] = []
 
-def record_delta(request: Request, delta: RequestDelta, now: float,
-                 iteration: IterationStats) -> None:
-    """Token times (first token, inter-token latency) and, when `delta` finishes the
-    sample, its finish time and stats; the finished delta carries the timing."""
-    timing = request.timing
-    if delta.new_token_ids:
-        iteration.num_generation_tokens += len(delta.new_token_ids)
-        if timing.last_token_time is None:
-            iteration.time_to_first_token.append(now - timing.arrival_time)
-            iteration.num_prompt_tokens += delta.num_prompt_tokens
-            timing.first_token_time = now
-        else:
-            iteration.inter_token_latency.append(now - timing.last_token_time)
-        timing.last_token_time = now
-    if delta.finished:
-        timing.finish_time = now
-        delta.timing = timing
-        iteration.finished.append(_finished_stats(request, delta))
+    def scheduled(self, batch: SchedulerOutput, requests: Mapping[str, Request]) -> None:
+        """Note preemptions, first schedules (queue time) and open the prefill chunks."""
+        now = time.monotonic()
+        self._iteration = IterationStats(num_scheduled_tokens=batch.num_batched_tokens)
+        for request_id in batch.preempted_request_ids:
+            if request_id in requests:
+                requests[request_id].timing.preemption_times.append(now)
+        self._in_step.clear()
+        self._prefills = []
+        for item in batch.scheduled:
+            request = requests[item.request_id]
+            self._in_step[request.caller_id, request.sample_index] = request, item
+            timing = request.timing
+            if timing.first_scheduled_time is None:
+                timing.first_scheduled_time = now
+                self._iteration.queue_time.append(now - timing.arrival_time)
+            if _is_prefill(item):
+                chunk = PrefillChunk(now, item.num_computed_tokens, len(item.token_ids))
+                timing.prefill_chunks.append(chunk)
+                self._prefills.append(chunk)
+
+    def executed(self, batch: SchedulerOutput) -> None:
+        """Close the prefill chunks; count the tokens run (a draft model fills its draft
+        slots in the runner, so only now are they known)."""
+        now = time.monotonic()
+        for chunk in self._prefills:
+            chunk.end_time = now
+        self._iteration.num_scheduled_tokens = batch.num_batched_tokens
+
+    def updated(self, deltas: list[RequestDelta], output: ModelRunnerOutput) -> None:
+        """Token times, drafts and finishes of the step's deltas; hand the stats on."""
+        now = time.monotonic()
+        for delta in deltas:
+            request, item = self._in_step[delta.request_id, delta.index]
+            sampled = output.sampled.get(request.request_id, ())
+            if item.draft_token_ids and sampled:
+                self._iteration.record_drafts(len(item.draft_token_ids), len(sampled) - 1)
+            self._record(request, delta, now)
+        self._in_step.clear()
+        if self.on_iteration is not None:
+            self.on_iteration(self._iteration)
+
+    def _record(self, request: Request, delta: RequestDelta, now: float) -> None:
+        """Token times (first token, inter-token latency) and, when `delta` finishes the
+        sample, its finish time and stats; the finished delta carries the timing."""
+        timing, iteration = request.timing, self._iteration
+        if delta.new_token_ids:
+            iteration.num_generation_tokens += len(delta.new_token_ids)
+            if timing.last_token_time is None:
+                iteration.time_to_first_token.append(now - timing.arrival_time)
+                iteration.num_prompt_tokens += delta.num_prompt_tokens
+                timing.first_token_time = now
+            else:
+                iteration.inter_token_latency.append(now - timing.last_token_time)
+            timing.last_token_time = now
+        if delta.finished:
+            timing.finish_time = now
+            delta.timing = timing
+            iteration.finished.append(_finished_stats(request, delta))
 
 
 def _is_prefill(item: ScheduledRequest) -> bool:

@@ -15,7 +15,6 @@ import pytest
 
 from conveyor.engine.core.config import SchedulerConfig
 from conveyor.engine.core.request import Request
-from conveyor.engine.core.request_update import RequestUpdate
 from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.core.scheduler_output import (
     ModelRunnerOutput,
@@ -23,6 +22,7 @@ from conveyor.engine.core.scheduler_output import (
     ScheduledRequest,
     SchedulerOutput,
 )
+from conveyor.engine.request_delta import RequestDelta
 from conveyor.engine.sampling_params import SamplingParams
 
 
@@ -125,7 +125,7 @@ def make_scheduler(num_blocks: int = 10, block_size: int = 4, eos: tuple[int, ..
     return Scheduler(config, eos_token_ids=eos)
 
 
-def step(scheduler: Scheduler, runner: FakeRunner) -> tuple[SchedulerOutput, list[RequestUpdate]]:
+def step(scheduler: Scheduler, runner: FakeRunner) -> tuple[SchedulerOutput, list[RequestDelta]]:
     """One engine-loop iteration, checking invariants before and after."""
     output = scheduler.schedule()
     check_invariants(scheduler)

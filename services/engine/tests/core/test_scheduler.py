@@ -30,7 +30,7 @@ def test_a_request_joins_at_the_next_step_and_leaves_in_the_step_it_finishes(sup
     sched.add_request(support.make_request("a", range(6), max_tokens=2))
     output, updates = support.step(sched, runner)
     assert batch_of(output) == {"a": 6} and output.block_size == 4
-    assert [u.request_id for u in updates] == ["a"] and not updates[0].is_finished
+    assert [u.request_id for u in updates] == ["a"] and not updates[0].finished
 
     sched.add_request(support.make_request("b", range(10, 15), max_tokens=3))
     output, updates = support.step(sched, runner)
@@ -336,9 +336,9 @@ def test_updates_carry_logprobs_and_cached_tokens(support):
     runner = support.FakeRunner()
     sched.add_request(support.make_request("a", range(9), max_tokens=1))
     support.run_until_done(sched, runner)
-    sched.add_request(support.make_request("b", range(9), max_tokens=2))
+    sched.add_request(support.make_request("b", range(9), max_tokens=2, logprobs=True))
     _, updates = support.step(sched, runner)
-    assert updates[0].num_cached_tokens == 8 and updates[0].new_tokens[0].logprob == -0.5
+    assert updates[0].num_cached_tokens == 8 and updates[0].new_logprobs[0].logprob == -0.5
     assert updates[0].new_token_ids == [support.next_token(list(range(9)), 64)]
     assert sched.stats.num_prefix_hit_tokens == 8 and sched.stats.num_prefix_query_tokens == 18
 

@@ -67,7 +67,7 @@ def test_random_events_keep_the_invariants(support, config, seed):
 
     def record(updates) -> None:
         for update in updates:
-            if update.is_finished:
+            if update.finished:
                 request = added[update.request_id]
                 finished[update.request_id] = (request.output_token_ids, update.finish_reason)
 

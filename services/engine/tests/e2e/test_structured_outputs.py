@@ -126,7 +126,7 @@ def test_a_stream_resumed_mid_json_continues_to_the_same_valid_object(llm):
     llm.core.add_request(EngineRequest("resumed", prompt, whole, output_token_ids=tokens[:cut]))
     resumed = []
     while llm.core.has_unfinished_requests:
-        resumed += [t for d in llm.core.step().deltas for t in d.new_token_ids]
+        resumed += [t for d in llm.core.step() for t in d.new_token_ids]
     assert resumed == tokens[cut:]
     text = llm.get_tokenizer().decode(tokens[:cut] + resumed, skip_special_tokens=True)
     jsonschema.validate(json.loads(text), PERSON)

@@ -124,7 +124,7 @@ def run_to_completion(core: EngineCore, max_steps: int = 1000):
     for _ in range(max_steps):
         if not core.has_unfinished_requests:
             return deltas
-        deltas.extend(core.step().deltas)
+        deltas.extend(core.step())
     raise AssertionError("requests did not finish")
 
 

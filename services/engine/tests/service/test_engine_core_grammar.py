@@ -70,7 +70,7 @@ def test_a_request_waits_for_its_grammar_while_others_run(support, grammars):
     core.add_request(free("other"))
     tokens: dict[str, list[int]] = {"slow": [], "other": []}
     for _ in range(3):
-        for delta in core.step().deltas:
+        for delta in core.step():
             tokens[delta.request_id] += delta.new_token_ids
     assert tokens == {"slow": [], "other": [43, 44, 45]}
     assert core.stats().num_waiting == 1
@@ -91,7 +91,7 @@ def test_cancel_while_waiting_for_the_grammar_leaves_nothing_behind(support, gra
     core.abort(["slow"])
     support.run_to_completion(core)
     gated.open()  # the compile ends after its request left: nothing is waiting for it
-    assert not core.step().deltas
+    assert not core.step()
     assert_nothing_left(core)
 
 
@@ -106,7 +106,7 @@ def test_a_grammar_that_does_not_compile_fails_every_sample_as_invalid(
     deltas = []
     deadline = time.monotonic() + 10
     while core.has_unfinished_requests and time.monotonic() < deadline:
-        deltas += core.step().deltas
+        deltas += core.step()
     [delta] = deltas
     assert delta.request_id == "bad" and delta.finish_reason is FinishReason.ABORT
     assert delta.invalid_request and message in delta.error and not delta.new_token_ids
@@ -119,7 +119,7 @@ def test_a_grammar_past_the_compile_timeout_fails_the_request(support, grammars)
     deltas = []
     deadline = time.monotonic() + 10
     while not deltas and time.monotonic() < deadline:
-        deltas = core.step().deltas
+        deltas = core.step()
     [delta] = deltas
     assert delta.invalid_request
     assert "did not compile within 0.05 s (CONVEYOR_ENGINE_GRAMMAR_COMPILE_TIMEOUT_S)" \
@@ -147,7 +147,7 @@ def test_a_resumed_request_whose_output_breaks_the_grammar_is_refused(support, g
     request = constrained("resumed", constraint)
     request.output_token_ids = [4, 7]
     core.add_request(request)
-    [delta] = core.step().deltas
+    [delta] = core.step()
     assert delta.invalid_request and "resume_output_token_ids do not follow" in delta.error
     assert_nothing_left(core)
 

@@ -48,7 +48,7 @@ def _run_with_a_preemption(support):
                              enable_prefix_caching=False)  # a prefix hit would skip the recompute
     core.add_request(_request("low1", range(4), priority=1, max_tokens=6))
     core.add_request(_request("low2", range(4), priority=1, max_tokens=6))
-    deltas = core.step().deltas
+    deltas = core.step()
     core.add_request(_request("high", range(50, 58), priority=0, max_tokens=2))
     return core, deltas + support.run_to_completion(core)
 

@@ -62,7 +62,7 @@ def test_a_step_holds_at_most_max_loras_adapters(support):
         core.add_request(EngineRequest(name, [5, 6, 7], params, lora=_adapter(name)))
     order = []
     while core.has_unfinished_requests:
-        deltas = core.step().deltas
+        deltas = core.step()
         assert len({r.lora.key for r in core.scheduler.running}) <= 1
         order += [(d.request_id, d.finished) for d in deltas if d.new_token_ids]
     first_b = next(i for i, (rid, _) in enumerate(order) if rid == "b")

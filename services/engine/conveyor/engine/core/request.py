@@ -11,6 +11,7 @@ from conveyor.engine.request_timing import RequestTiming
 from conveyor.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from conveyor.engine.core.scheduler_output import PromptTokenLogprob
     from conveyor.engine.lora.adapter import LoraAdapter
     from conveyor.engine.structured.request_grammar import RequestGrammar
 
@@ -85,6 +86,9 @@ class Request:
     draft_limit: int | None = None
     """Most drafts its next step verifies, adapted to how many it accepted last time
     (None: the configured num_speculative_tokens)."""
+    pending_prompt_logprobs: list[PromptTokenLogprob] | None = None
+    """Its prompt logprobs computed so far (it asked for them), until the delta with its
+    first token carries them; dropped when it is preempted (its prompt runs again)."""
     grammar: RequestGrammar | None = None
     """Its structured-output constraint (sampling_params.structured_outputs) once EngineCore
     has asked for its grammar; the scheduler passes the request over until it has started."""

@@ -10,12 +10,12 @@ from conveyor.engine.core.kv_block import KVCacheBlock
 from conveyor.engine.core.kv_cache_manager import KVCacheManager
 from conveyor.engine.core.preemption import any_below, pick_victim, victims_below
 from conveyor.engine.core.request import FinishReason, Request, RequestStatus
-from conveyor.engine.core.request_update import RequestUpdate
-from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SampledToken, SchedulerOutput
+from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from conveyor.engine.core.scheduler_stats import SchedulerStats
-from conveyor.engine.core.stop_check import check_finished
+from conveyor.engine.core.stop_check import append_sampled
 from conveyor.engine.core.waiting_bounds import WaitingBounds
 from conveyor.engine.core.waiting_queue import WaitingQueue
+from conveyor.engine.request_delta import RequestDelta, delta_of
 from conveyor.engine.spec.ngram_proposer import NgramProposer
 
 
@@ -170,18 +170,25 @@ class Scheduler:
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
-    ) -> list[RequestUpdate]:
+    ) -> list[RequestDelta]:
         """Record a finished step: advance computed tokens, cache newly full blocks, append
-        sampled tokens and finish requests that are done (their blocks return at once).
+        sampled tokens and finish requests that are done or that the model failed on (their
+        blocks return at once).
 
-        Returns one update per request that got a token, in batch order. Requests
-        aborted during the step get none.
+        Returns one delta per request that got a token or failed, in batch order.
+        Requests aborted during the step get none.
         """
-        updates: list[RequestUpdate] = []
+        deltas: list[RequestDelta] = []
         for scheduled in scheduler_output.scheduled:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
+            error = runner_output.failures.get(request.request_id)
+            if error is not None:
+                self._finish(request, FinishReason.ABORT)
+                deltas.append(delta_of(request, [], error=error))
+                continue
+            _keep_prompt_logprobs(request, runner_output)
             num_known = scheduled.num_scheduled_tokens - len(scheduled.draft_token_ids)
             if not scheduled.needs_sample:
                 request.num_computed_tokens += num_known
@@ -190,19 +197,20 @@ class Scheduler:
             sampled = runner_output.sampled.get(request.request_id)
             if not sampled:
                 raise ValueError(f"model runner returned no token for {request.request_id!r}")
-            update = self._append_tokens(request, sampled, len(scheduled.draft_token_ids))
+            new_tokens = append_sampled(request, sampled, len(scheduled.draft_token_ids),
+                                        self.eos_token_ids, self.config.max_model_len)
             # The KV of the known tokens and of the drafts kept is computed; the last new
             # token's is not, nor (ever) that of the drafts rejected.
-            request.num_computed_tokens += num_known + len(update.new_tokens) - 1
+            request.num_computed_tokens += num_known + len(new_tokens) - 1
             self.kv.cache_computed_blocks(request)
-            if update.finish_reason is not None:
-                self._finish(request, update.finish_reason)
+            if request.finish_reason is not None:
+                self._finish(request, request.finish_reason)
             elif scheduled.draft_token_ids:
                 self.kv.free_tail(request, request.num_tokens)
-            updates.append(update)
+            deltas.append(delta_of(request, new_tokens))
         self._step_in_flight = False
         self._free_aborted()
-        return updates
+        return deltas
 
     def _schedule_running(self, batch: BatchBuilder) -> None:
         for request in list(self.running):
@@ -264,6 +272,7 @@ class Scheduler:
         self.running.remove(victim)
         self.kv.free(victim)
         victim.num_computed_tokens = 0
+        victim.pending_prompt_logprobs = None  # its prompt is computed again
         victim.status = RequestStatus.PREEMPTED
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -355,37 +364,6 @@ class Scheduler:
             num_remaining = min(num_remaining, threshold)
         return min(num_remaining, token_budget)
 
-    def _append_tokens(self, request: Request, sampled: list[SampledToken],
-                       num_drafts: int) -> RequestUpdate:
-        """Append the step's tokens up to the first that finishes the request (those after
-        it are dropped), and adapt how many drafts it is verified with next."""
-        new_tokens: list[SampledToken] = []
-        reason = None
-        for token in sampled:
-            request.output_token_ids.append(token.token_id)
-            if request.grammar is not None:
-                request.grammar.accept(token.token_id)
-            new_tokens.append(token)
-            reason = check_finished(request, self.eos_token_ids, self.config.max_model_len)
-            if reason is not None:
-                break
-        if num_drafts:
-            num_accepted = len(sampled) - 1
-            request.num_draft_tokens += num_drafts
-            request.num_accepted_tokens += num_accepted
-            request.draft_limit = (None if num_accepted == num_drafts
-                                   else max(1, num_accepted + 1))
-        return RequestUpdate(
-            request_id=request.request_id,
-            new_tokens=new_tokens,
-            finish_reason=reason,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_output_tokens=request.num_output_tokens,
-            num_cached_tokens=request.num_cached_tokens or 0,
-            num_draft_tokens=num_drafts,
-            num_accepted_tokens=len(sampled) - 1,
-        )
-
     def _finish(self, request: Request, reason: FinishReason) -> None:
         request.finish(reason)
         self.running.remove(request)
@@ -397,3 +375,10 @@ class Scheduler:
         for request in self._aborted_in_flight:
             self.kv.free(request)
         self._aborted_in_flight.clear()
+
+
+def _keep_prompt_logprobs(request: Request, runner_output: ModelRunnerOutput) -> None:
+    """Add the prompt logprobs of the positions this step computed to those pending."""
+    entries = runner_output.prompt_logprobs.get(request.request_id)
+    if entries is not None:
+        request.pending_prompt_logprobs = [*(request.pending_prompt_logprobs or ()), *entries]

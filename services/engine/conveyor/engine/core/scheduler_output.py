@@ -116,3 +116,6 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[PromptTokenLogprob]] = field(default_factory=dict)
     """For requests that asked for prompt logprobs, those of the prompt positions this
     step computed (in order; see worker/prompt_logprobs.py)."""
+    failures: dict[str, str] = field(default_factory=dict)
+    """Requests the model failed on (IsolatingRunner pins a failure on them), with the
+    error their caller gets: they end with finish ABORT and this error."""

@@ -1,10 +1,34 @@
-"""When a request is done after a new token: EOS, a stop token, max_tokens or max_model_len."""
+"""A step's sampled tokens joining a request, and when it is done after one: EOS, a stop
+token, max_tokens or max_model_len."""
 
 from __future__ import annotations
 
 from collections.abc import Container
 
 from conveyor.engine.core.request import FinishReason, Request
+from conveyor.engine.core.scheduler_output import SampledToken
+
+
+def append_sampled(request: Request, sampled: list[SampledToken], num_drafts: int,
+                   eos_token_ids: Container[int], max_model_len: int) -> list[SampledToken]:
+    """Append a step's tokens up to the first that finishes `request` (those after it are
+    dropped; its finish_reason is then set), and adapt how many drafts it is verified
+    with next. Returns the tokens appended."""
+    new_tokens: list[SampledToken] = []
+    for token in sampled:
+        request.output_token_ids.append(token.token_id)
+        if request.grammar is not None:
+            request.grammar.accept(token.token_id)
+        new_tokens.append(token)
+        request.finish_reason = check_finished(request, eos_token_ids, max_model_len)
+        if request.finish_reason is not None:
+            break
+    if num_drafts:
+        num_accepted = len(sampled) - 1
+        request.num_draft_tokens += num_drafts
+        request.num_accepted_tokens += num_accepted
+        request.draft_limit = None if num_accepted == num_drafts else max(1, num_accepted + 1)
+    return new_tokens
 
 
 def check_finished(
