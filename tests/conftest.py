@@ -97,18 +97,19 @@ def _require_services() -> None:
         pytest.skip(f"not built yet: {', '.join(missing)}")
 
 
-ENGINE_DEFAULTS = {"DTYPE": "float32"}
-"""float32: the tests compare greedy output across runs and batches, which float32 keeps equal;
-dtype auto is bfloat16 on a CPU with AMX or AVX512-BF16, whose greedy output moves with the
-batch a request shares (docs/performance.md, bf16)."""
+ENGINE_DEFAULTS = {"DTYPE": "float32", "MAX_MODEL_LEN": str(MAX_MODEL_LEN)}
+"""MAX_MODEL_LEN: the engine's is the only setting of it (the gateway and tokenizer use the
+value it publishes). float32: the tests compare greedy output across runs and batches, which
+float32 keeps equal; dtype auto is bfloat16 on a CPU with AMX or AVX512-BF16, whose greedy
+output moves with the batch a request shares (docs/performance.md, bf16)."""
 
 
 def _model_service(service: str, log_dir: Path, name: str | None = None,
                    **settings_overrides: str) -> ServiceProcess:
     """A tokenizer/engine/detok process; `settings_overrides` are its settings by field
     name (MAX_NUM_SEQS="2" becomes CONVEYOR_ENGINE_MAX_NUM_SEQS=2)."""
-    settings = {"MODEL": MODEL, "MAX_MODEL_LEN": str(MAX_MODEL_LEN), "PORT": "0",
-                **(ENGINE_DEFAULTS if service == "engine" else {}), **settings_overrides}
+    settings = {"MODEL": MODEL, "PORT": "0", **(ENGINE_DEFAULTS if service == "engine" else {}),
+                **settings_overrides}
     return ServiceProcess(
         f"conveyor.{service}", name=name or service, log_path=log_dir / f"{name or service}.log",
         env={"HF_HUB_OFFLINE": "1",

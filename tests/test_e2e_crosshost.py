@@ -160,8 +160,7 @@ class Cluster:
 
     def replicas(self, suffix: str) -> list[ServiceProcess]:
         """One tokenizer, detok and engine, named tokenizer-<suffix> and so on."""
-        return [self.replica("tokenizer", f"tokenizer-{suffix}", MAX_MODEL_LEN=MAX_MODEL_LEN,
-                             PORT="50051"),
+        return [self.replica("tokenizer", f"tokenizer-{suffix}", PORT="50051"),
                 self.replica("detok", f"detok-{suffix}", PORT="50053"),
                 self.replica("engine", f"engine-{suffix}", ENGINE_ID=f"engine-{suffix}",
                              **ENGINE_SETTINGS)]

@@ -66,6 +66,27 @@ def test_models_lists_max_model_len(openai_client, http):
     assert http.get("/v1/models").json()["data"][0]["max_model_len"] == 2048
 
 
+def test_a_registered_engines_max_model_len_is_checked_without_a_setting_elsewhere(
+        launch, stack):
+    """An engine of max_model_len 512 (the model has 8192 positions) registers; a gateway
+    routing over it refuses a prompt past 512 that the model would take, though neither it
+    nor the tokenizer was told 512."""
+    prefix = f"{stack.redis_prefix}:short-context"
+    launch.engines("engine-512", MAX_MODEL_LEN="512", REDIS_PREFIX=prefix)
+    gateway = launch.gateway("gateway-512", CONVEYOR_GATEWAY_REDIS_PREFIX=prefix)
+    with httpx.Client(base_url=f"http://127.0.0.1:{gateway.port}", timeout=60) as client:
+        models = client.get("/v1/models").json()
+        refused = client.post("/v1/completions", json={
+            "model": MODEL, "prompt": [5] * 600, "max_tokens": 4})
+        served = client.post("/v1/completions", json={
+            "model": MODEL, "prompt": [5] * 500, "max_tokens": 4})
+    assert models["data"][0]["max_model_len"] == 512
+    error = error_of(refused, 400)
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+    assert "max_model_len 512" in error["message"]
+    assert served.status_code == 200, served.text
+
+
 def test_no_engine_is_503_with_retry_after(extra_gateway):
     gateway = extra_gateway(CONVEYOR_GATEWAY_ENGINE_ADDRESSES="127.0.0.1:9",
                             CONVEYOR_GATEWAY_RETRY_AFTER_S="2")

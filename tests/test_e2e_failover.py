@@ -32,8 +32,6 @@ from devkit.replica_processes import (
 
 pytestmark = pytest.mark.slow
 
-MAX_MODEL_LEN = "2048"
-"""The stack engine's context length (the tokenizer validates against it)."""
 SHORT = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4,
          "temperature": 0}
 STREAM = {"model": MODEL, "prompt": "Count slowly: one, two, three,", "max_tokens": 40,
@@ -65,7 +63,7 @@ def replicas(stack, log_dir, extra_gateway):
     prefix = f"{stack.redis_prefix}:failover:{uuid.uuid4().hex[:8]}"
     names = ["tokenizer-a", "tokenizer-b", "detok-a", "detok-b"]
     processes = {name: replica_process(name.split("-")[0], f"{name}-failover", log_dir,
-                                       stack.redis_url, prefix, MAX_MODEL_LEN=MAX_MODEL_LEN)
+                                       stack.redis_url, prefix)
                  for name in names}
     start_all(list(processes.values()))
     try:
@@ -150,7 +148,7 @@ async def test_a_detok_stream_broken_mid_generation_yields_the_exact_text(replic
 async def test_replicas_leave_the_registry_on_sigterm(stack, log_dir):
     prefix = f"{stack.redis_prefix}:drain:{uuid.uuid4().hex[:8]}"
     processes = [replica_process(service, f"{service}-drain", log_dir, stack.redis_url, prefix,
-                                 REGISTRY_TTL_S="600", MAX_MODEL_LEN=MAX_MODEL_LEN)
+                                 REGISTRY_TTL_S="600")
                  for service in ("tokenizer", "detok")]
     start_all(processes)
     redis = Redis.from_url(stack.redis_url, decode_responses=True)

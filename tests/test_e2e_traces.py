@@ -84,7 +84,7 @@ def _otel_env(port: int) -> dict[str, str]:
 
 
 def _model_service(service: str, port: int, log_dir: Path, **settings: str) -> ServiceProcess:
-    settings = {"MODEL": MODEL, "MAX_MODEL_LEN": "512", "PORT": "0", **settings}
+    settings = {"MODEL": MODEL, "PORT": "0", **settings}
     env = {**_otel_env(port),
            **{f"CONVEYOR_{service.upper()}_{k}": v for k, v in settings.items()}}
     return ServiceProcess(f"conveyor.{service}", env=env, name=f"traced-{service}",
@@ -97,7 +97,7 @@ async def traced_stack(receiver, tmp_path):
     prefix = f"e2e-traces:{uuid.uuid4().hex[:12]}"
     backends = [
         _model_service("tokenizer", receiver.port, tmp_path),
-        _model_service("engine", receiver.port, tmp_path, KV_CACHE_GIB="0.05",
+        _model_service("engine", receiver.port, tmp_path, MAX_MODEL_LEN="512", KV_CACHE_GIB="0.05",
                        TORCH_THREADS="1", REDIS_URL=""),
         _model_service("detok", receiver.port, tmp_path),
     ]

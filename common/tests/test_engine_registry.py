@@ -67,7 +67,7 @@ async def test_heartbeat_loop_keeps_the_engine_alive_past_the_ttl_and_stop_remov
         redis, prefix):
     registry = EngineRegistry(redis, prefix=prefix, ttl_s=0.3)
     load = {"running": 0}
-    heartbeat = EngineHeartbeat(registry, engine_id="a", address="a:1", model="m",
+    heartbeat = EngineHeartbeat(registry, EngineEntry("a", "a:1", "m"),
                                 read_load=lambda: EngineLoad(num_running=load["running"]),
                                 interval_s=0.05)
     await heartbeat.start()
@@ -78,11 +78,24 @@ async def test_heartbeat_loop_keeps_the_engine_alive_past_the_ttl_and_stop_remov
     assert await registry.list_live() == []
 
 
+async def test_heartbeat_publishes_the_engines_block_size_and_max_model_len(redis, prefix):
+    """What gateways must agree with rides on the entry; an entry of an engine that predates
+    them reads as the default block size and no published max_model_len."""
+    registry = EngineRegistry(redis, prefix=prefix)
+    published = EngineEntry("a", "a:1", "m", block_size=32, max_model_len=512)
+    await EngineHeartbeat(registry, published, read_load=lambda: EngineLoad(2)).beat()
+    [listed] = await registry.list_live()
+    assert (listed.block_size, listed.max_model_len, listed.load) == (32, 512, EngineLoad(2))
+    older = '{"engine_id":"b","address":"b:1","model":"m","load":{}}'
+    assert (EngineEntry.from_json(older).block_size,
+            EngineEntry.from_json(older).max_model_len) == (16, None)
+
+
 async def test_interval_must_be_shorter_than_ttl(redis, prefix):
     registry = EngineRegistry(redis, prefix=prefix, ttl_s=1.0)
     with pytest.raises(ValueError, match="interval_s"):
-        EngineHeartbeat(registry, engine_id="a", address="a:1", model="m",
-                        read_load=EngineLoad, interval_s=1.0)
+        EngineHeartbeat(registry, EngineEntry("a", "a:1", "m"), read_load=EngineLoad,
+                        interval_s=1.0)
 
 
 async def test_client_without_decoded_responses_is_refused():

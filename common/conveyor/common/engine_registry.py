@@ -2,13 +2,14 @@
 
 Engines write, gateways read: the service registry (`service_registry`) under
 the service name "engines", with entries that carry each engine's load. Each
-engine publishes a heartbeat (its id, gRPC address, model and current load)
-every `interval_s`; an entry whose engine stopped beating is dropped `ttl_s`
-after its last heartbeat.
+engine publishes a heartbeat (its id, gRPC address, model, current load, and the
+facts gateways must agree with: block size and max_model_len) every `interval_s`;
+an entry whose engine stopped beating is dropped `ttl_s` after its last heartbeat.
 
 Redis layout (all under one `prefix`, default "conveyor"):
 
-    {prefix}:engines:entries    HASH  engine_id -> JSON {address, model, load, max_loras}
+    {prefix}:engines:entries    HASH  engine_id -> JSON {address, model, load, max_loras,
+                                                block_size, max_model_len}
     {prefix}:engines:deadlines  ZSET  engine_id -> Redis-clock ms when it expires
 
 The Redis client must be created with `decode_responses=True`.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
@@ -38,6 +39,8 @@ __all__ = ["DEFAULT_INTERVAL_S", "DEFAULT_TTL_S", "EngineEntry", "EngineHeartbea
            "EngineLoad", "EngineRegistry", "require_decoded_responses"]
 
 SERVICE = "engines"
+DEFAULT_BLOCK_SIZE = 16
+"""The engine's default CONVEYOR_ENGINE_BLOCK_SIZE: an entry without a block size has it."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,6 +104,12 @@ class EngineEntry:
     max_loras: int = 0
     """Most distinct LoRA adapters it runs in one step; 0: it serves no adapters (as
     every engine that predates them)."""
+    block_size: int = DEFAULT_BLOCK_SIZE
+    """Tokens per KV block (its CONVEYOR_ENGINE_BLOCK_SIZE): routers hash prefix hints
+    in blocks of it."""
+    max_model_len: int | None = None
+    """Longest sequence it serves, prompt + output (its CONVEYOR_ENGINE_MAX_MODEL_LEN,
+    else the model's); None: not published (an engine that predates publishing it)."""
 
     @property
     def serves_adapters(self) -> bool:
@@ -117,7 +126,8 @@ class EngineEntry:
     def from_json(cls, text: str) -> EngineEntry:
         data = json.loads(text)
         return cls(data["engine_id"], data["address"], data["model"],
-                   EngineLoad.from_dict(data["load"]), data.get("max_loras", 0))
+                   EngineLoad.from_dict(data["load"]), data.get("max_loras", 0),
+                   data.get("block_size", DEFAULT_BLOCK_SIZE), data.get("max_model_len"))
 
 
 class EngineRegistry(ServiceRegistry[EngineEntry]):
@@ -129,14 +139,12 @@ class EngineRegistry(ServiceRegistry[EngineEntry]):
 
 
 class EngineHeartbeat(Heartbeat[EngineEntry]):
-    """Publishes one engine's entry (with the load `read_load` reads) every `interval_s`."""
+    """Publishes one engine's `entry`, with the load `read_load` reads, every `interval_s`."""
 
-    def __init__(self, registry: EngineRegistry, *, engine_id: str, address: str, model: str,
-                 read_load: Callable[[], EngineLoad], interval_s: float = DEFAULT_INTERVAL_S,
-                 max_loras: int = 0):
-        super().__init__(registry, lambda: EngineEntry(engine_id, address, model, read_load(),
-                                                       max_loras), interval_s)
-        self._engine_id = engine_id
+    def __init__(self, registry: EngineRegistry, entry: EngineEntry,
+                 read_load: Callable[[], EngineLoad], interval_s: float = DEFAULT_INTERVAL_S):
+        super().__init__(registry, lambda: replace(entry, load=read_load()), interval_s)
+        self._engine_id = entry.engine_id
 
     @property
     def engine_id(self) -> str:

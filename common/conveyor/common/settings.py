@@ -46,9 +46,6 @@ class ModelSettingsMixin(BaseSettings):
     served_model_name: str | None = Field(
         None, description="Name clients use for the model (default: the model setting)."
     )
-    max_model_len: int | None = Field(
-        None, description="Longest sequence in tokens, prompt + output (default: the model's)."
-    )
 
     @property
     def model_name(self) -> str:

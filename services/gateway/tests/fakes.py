@@ -40,7 +40,7 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
     async def Render(self, request, context):
         text = "".join(f"{m.role}:{m.content}{''.join(p.text for p in m.parts)}\n"
                        for m in request.messages) + "assistant:"
-        return await self._reply(text, request.max_tokens, context)
+        return await self._reply(text, request, context)
 
     async def Tokenize(self, request, context):
         if request.HasField("token_ids"):
@@ -49,20 +49,23 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
             text = "".join(chr(i) for i in request.token_ids.ids)
         else:
             text = request.text
-        return await self._reply(text, request.max_tokens, context)
+        return await self._reply(text, request, context)
 
-    async def _reply(self, text, max_tokens, context):
+    async def _reply(self, text, request, context):
+        """As the real one: checked against the request's max_model_len (the engines'),
+        else the model's own."""
         ids = [ord(c) % VOCAB_SIZE for c in text]
-        if len(ids) + max_tokens > MAX_MODEL_LEN:
+        max_tokens, max_model_len = request.max_tokens, request.max_model_len or MAX_MODEL_LEN
+        if len(ids) + max_tokens > max_model_len:
             context.set_trailing_metadata(((ERROR_REASON_KEY, CONTEXT_LENGTH_EXCEEDED),))
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you "
+                f"This model's maximum context length is {max_model_len} tokens. However, you "
                 f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the messages, "
                 f"{max_tokens} in the completion).",
             )
         return tokenizer_pb2.TokenizeResponse(token_ids=ids, prompt_text=text,
-                                              num_tokens=len(ids), max_model_len=MAX_MODEL_LEN)
+                                              num_tokens=len(ids), max_model_len=max_model_len)
 
     async def Decode(self, request, context):
         self.decodes.append(request)
@@ -96,6 +99,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     cancelled: list[str] = field(default_factory=list)
     requests: list = field(default_factory=list)
     max_loras: int = 4
+    max_model_len: int = MAX_MODEL_LEN
+    block_size: int = 16
     lora_adapters: list[str] = field(default_factory=list)
     unreadable_lora_paths: set[str] = field(default_factory=set)
     lora_calls: list[tuple[str, str]] = field(default_factory=list)
@@ -147,8 +152,9 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                                       num_free_blocks=10, lora_adapters=self.lora_adapters)
 
     async def Info(self, request, context):
-        return engine_pb2.EngineInfo(model=MODEL, max_model_len=MAX_MODEL_LEN,
-                                     max_loras=self.max_loras, max_lora_rank=16)
+        return engine_pb2.EngineInfo(model=MODEL, max_model_len=self.max_model_len,
+                                     block_size=self.block_size, max_loras=self.max_loras,
+                                     max_lora_rank=16)
 
     async def LoadLoraAdapter(self, request, context):
         self.lora_calls.append(("load", request.name))

@@ -76,6 +76,24 @@ async def test_prompt_filling_the_context_without_max_tokens_is_400(gateway):
     assert error_of(response, 400)["code"] == "context_length_exceeded"
 
 
+async def test_the_context_length_checked_is_the_one_the_engine_publishes(gateway_factory, fakes):
+    """The engine serves 64 of the model's 128 positions (the tokenizer is told nothing by
+    hand): a prompt that fits 128 but not 64 is 400, and the defaults follow 64."""
+    fakes.engine.max_model_len = 64
+    gateway = await gateway_factory()
+    async with gateway.client() as client:
+        models = (await client.get("/v1/models")).json()
+        refused = await client.post("/v1/completions", json={
+            "model": "fake-model", "prompt": "x" * 60, "max_tokens": 10})
+        filled = await client.post("/v1/completions", json={
+            "model": "fake-model", "prompt": "x" * 60, "max_tokens": None})
+    assert models["data"][0]["max_model_len"] == 64
+    error = error_of(refused, 400)
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+    assert "maximum context length is 64 tokens" in error["message"]
+    assert filled.status_code == 200 and fakes.engine.requests[-1].sampling.max_tokens == 4
+
+
 async def test_no_reachable_engine_is_503_with_retry_after(gateway_factory):
     gateway = await gateway_factory(engine_addresses="127.0.0.1:1", retry_after_s=3)
     async with gateway.client() as client:

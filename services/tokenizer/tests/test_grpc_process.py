@@ -16,10 +16,14 @@ from devkit.service_process import ServiceProcess, without_torch_env
 pytestmark = pytest.mark.slow
 SERVICE = "conveyor.v1.Tokenizer"
 ENV = {**without_torch_env(),  # run as the torch-free container does
-       "CONVEYOR_TOKENIZER_PORT": "0", "CONVEYOR_TOKENIZER_MAX_MODEL_LEN": "128",
+       "CONVEYOR_TOKENIZER_PORT": "0",
        "HF_HUB_OFFLINE": "1", "OTEL_TRACES_EXPORTER": "none",
        "CONVEYOR_TOKENIZER_ALLOW_REQUEST_CHAT_TEMPLATE": "true"}
 USER_HI = [pb.ChatMessage(role="user", content="Hi")]
+MODEL_MAX_LEN = 8192
+"""The model's own context length (max_position_embeddings)."""
+ENGINES_MAX_LEN = 128
+"""What a caller passes as the engines' max_model_len."""
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,7 @@ async def test_health_and_info(process, stub):
     await channel.close()
     info = await stub.Info(pb.TokenizerInfoRequest())
     assert info.model == "smollm2-135m-instruct"
-    assert (info.vocab_size, info.max_model_len) == (49152, 128)
+    assert (info.vocab_size, info.max_model_len) == (49152, MODEL_MAX_LEN)
     assert list(info.eos_token_ids) == [2] and info.has_bos and info.bos_token_id == 1
 
 
@@ -50,12 +54,12 @@ async def test_render(stub, tokenizer):
     reply = await stub.Render(pb.RenderRequest(
         messages=[pb.ChatMessage(role="system", content="Be brief."),
                   pb.ChatMessage(role="user", parts=[pb.ContentPart(type="text", text="Hi")])],
-        add_generation_prompt=True, max_tokens=16))
+        add_generation_prompt=True, max_tokens=16, max_model_len=ENGINES_MAX_LEN))
     expected = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
                 "<|im_start|>assistant\n")
     assert reply.prompt_text == expected
     assert list(reply.token_ids) == tokenizer.encode(expected)
-    assert reply.num_tokens == len(reply.token_ids) and reply.max_model_len == 128
+    assert reply.num_tokens == len(reply.token_ids) and reply.max_model_len == ENGINES_MAX_LEN
 
 
 async def test_tokenize_text_and_ids_and_decode(stub, tokenizer):
@@ -68,16 +72,28 @@ async def test_tokenize_text_and_ids_and_decode(stub, tokenizer):
     assert decoded.text == "Hello 😀 你好"
 
 
+async def test_prompts_are_checked_against_the_max_model_len_the_request_carries(stub):
+    """No setting of its own: the caller passes the engines' max_model_len; without one,
+    the model's own is the limit."""
+    ids = pb.TokenIds(ids=[5] * 200)
+    assert (await stub.Tokenize(pb.TokenizeRequest(token_ids=ids))).max_model_len == \
+        MODEL_MAX_LEN
+    with pytest.raises(grpc.aio.AioRpcError, match="max_model_len 128;"):
+        await stub.Tokenize(pb.TokenizeRequest(token_ids=ids, max_model_len=ENGINES_MAX_LEN))
+    with pytest.raises(grpc.aio.AioRpcError, match="max_model_len 8192;"):
+        await stub.Tokenize(pb.TokenizeRequest(token_ids=ids, max_tokens=8000))
+
+
 def _render(**fields) -> tuple[str, object]:
     return "Render", pb.RenderRequest(**{"messages": USER_HI, **fields})
 
 
 BAD_INPUTS = [
-    (*_render(max_tokens=120), CONTEXT_LENGTH_EXCEEDED,
+    (*_render(max_tokens=120, max_model_len=ENGINES_MAX_LEN), CONTEXT_LENGTH_EXCEEDED,
      "prompt_len 27 + max_tokens 120 = 147 tokens exceeds this model's maximum context length, "
      "max_model_len 128"),
-    ("Tokenize", pb.TokenizeRequest(token_ids=pb.TokenIds(ids=[5] * 129)), CONTEXT_LENGTH_EXCEEDED,
-     "prompt_len 129 + max_tokens 0 = 129 tokens exceeds"),
+    ("Tokenize", pb.TokenizeRequest(token_ids=pb.TokenIds(ids=[5] * 129), max_model_len=128),
+     CONTEXT_LENGTH_EXCEEDED, "prompt_len 129 + max_tokens 0 = 129 tokens exceeds"),
     ("Tokenize", pb.TokenizeRequest(text=""), INVALID_REQUEST,
      "prompt is empty; send text or token ids"),
     ("Tokenize", pb.TokenizeRequest(), INVALID_REQUEST, "prompt is missing; set text or token_ids"),

@@ -40,6 +40,18 @@ async def test_render_tokenizes_the_rendered_text(service, tokenizer):
     assert prompt.token_ids[0] == 1  # <|im_start|> is one special token, not text
 
 
+async def test_a_request_is_checked_against_the_max_model_len_it_carries(service):
+    """The engines' max_model_len, passed by the gateway, wins over the model's own."""
+    ids = [5] * 40
+    prompt = await service.tokenize(TokenIdsPrompt(ids, max_tokens=8, max_model_len=48))
+    assert prompt.max_model_len == 48
+    with pytest.raises(ContextLengthExceeded, match="max_model_len 47;"):
+        await service.tokenize(TokenIdsPrompt(ids, max_tokens=8, max_model_len=47))
+    chat = ChatRequest([ChatMessage("user", "u")], max_tokens=8, max_model_len=8)
+    with pytest.raises(ContextLengthExceeded, match="max_model_len 8;"):
+        await service.render(chat)
+
+
 async def test_context_length_boundary(service):
     ids = [5] * 60
     assert (await service.tokenize(TokenIdsPrompt(ids, max_tokens=4))).num_tokens == 60

@@ -2,18 +2,23 @@
 
 Registered once the gRPC server is bound, refreshed by a heartbeat carrying the
 load of the loop's latest stats snapshot (the LoRA adapters held among it) and the
-engine's max_loras, removed on SIGTERM before the drain
-(`conveyor.common.registration.Registration`, shared with the tokenizer and
-detok). Redis is optional: when it cannot be reached at start, the engine logs a
-warning, serves anyway (gateways with a static engine list still reach it) and
-keeps trying to register in the background.
+facts gateways route and check requests by (max_loras, block_size, max_model_len),
+removed on SIGTERM before the drain (`conveyor.common.registration.Registration`,
+shared with the tokenizer and detok). Redis is optional: when it cannot be reached
+at start, the engine logs a warning, serves anyway (gateways with a static engine
+list still reach it) and keeps trying to register in the background.
 """
 
 from __future__ import annotations
 
 import logging
 
-from conveyor.common.engine_registry import EngineHeartbeat, EngineLoad, EngineRegistry
+from conveyor.common.engine_registry import (
+    EngineEntry,
+    EngineHeartbeat,
+    EngineLoad,
+    EngineRegistry,
+)
 from conveyor.common.registration import Registration, registry_redis
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.engine.servicer import stats_message
@@ -32,11 +37,12 @@ def build_registration(settings: EngineSettings, engine: AsyncEngine,
         return None
     redis = registry_redis(settings.redis_url)
     registry = EngineRegistry(redis, prefix=settings.redis_prefix, ttl_s=settings.registry_ttl_s)
-    heartbeat = EngineHeartbeat(
-        registry, engine_id=engine.info.engine_id,
-        address=settings.resolved_advertise_address(bound_port), model=engine.info.model,
-        read_load=lambda: load_of(engine), interval_s=settings.heartbeat_interval_s,
-        max_loras=engine.info.max_loras)
+    info = engine.info
+    entry = EngineEntry(info.engine_id, settings.resolved_advertise_address(bound_port),
+                        info.model, max_loras=info.max_loras, block_size=info.block_size,
+                        max_model_len=info.max_model_len)
+    heartbeat = EngineHeartbeat(registry, entry, read_load=lambda: load_of(engine),
+                                interval_s=settings.heartbeat_interval_s)
     return Registration(redis, heartbeat, settings.heartbeat_interval_s)
 
 

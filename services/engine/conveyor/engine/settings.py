@@ -36,7 +36,12 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CONVEYOR_ENGINE_", extra="ignore")
 
     port: int = Field(DEFAULT_PORT, description="gRPC port to listen on (0 picks a free one).")
-    block_size: int = Field(16, ge=1, description="Tokens per KV-cache block.")
+    block_size: int = Field(16, ge=1, description="Tokens per KV-cache block (published to "
+                            "gateways, which hash prefix hints in blocks of it).")
+    max_model_len: int | None = Field(
+        None, ge=1, description="Longest sequence in tokens, prompt + output (default: the "
+        "model's); published to gateways, which check prompts against it: the one setting of it.",
+    )
     max_num_seqs: int = Field(64, ge=1, description="Most requests computed in one step.")
     max_num_batched_tokens: int = Field(
         2048, ge=1, description="Token budget of one step (prefill chunks + decode tokens)."

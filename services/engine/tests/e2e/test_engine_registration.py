@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 TTL_S = 2.0
 
 
-def _engine(prefix: str, engine_id: str) -> ServiceProcess:
+def _engine(prefix: str, engine_id: str, **settings: str) -> ServiceProcess:
     return ServiceProcess("conveyor.engine", {
         "HF_HUB_OFFLINE": "1",
         "CONVEYOR_ENGINE_PORT": "0",
@@ -33,6 +33,7 @@ def _engine(prefix: str, engine_id: str) -> ServiceProcess:
         "CONVEYOR_ENGINE_HEARTBEAT_INTERVAL_S": "0.5",
         "CONVEYOR_ENGINE_REGISTRY_TTL_S": str(TTL_S),
         "CONVEYOR_ENGINE_DRAIN_TIMEOUT_S": "30",
+        **{f"CONVEYOR_ENGINE_{name}": value for name, value in settings.items()},
     }, name=engine_id)
 
 
@@ -56,11 +57,14 @@ async def _running_load(registry: EngineRegistry, timeout_s: float = 3.0) -> int
 
 
 async def test_registers_with_load_and_drops_out_after_sigkill(redis, prefix):
-    process = _engine(prefix, "reg-killed").start(timeout_s=300)
+    """The entry carries the engine's own block size and max_model_len, which gateways
+    hash prefix hints and check prompts by."""
+    process = _engine(prefix, "reg-killed", BLOCK_SIZE="32").start(timeout_s=300)
     try:
         registry = EngineRegistry(redis, prefix=prefix, ttl_s=TTL_S)
         [entry] = await registry.list_live("smollm2-135m-instruct")
         assert (entry.engine_id, entry.address) == ("reg-killed", process.address)
+        assert (entry.block_size, entry.max_model_len) == (32, 512)
         assert entry.load.num_requests == 0 and entry.load.kv_usage == 0.0
         assert (entry.load.max_num_waiting_seqs, entry.load.max_num_waiting_tokens) == (256, 16384)
         assert entry.load.num_free_blocks == entry.load.num_blocks > 0

@@ -22,7 +22,8 @@ def _settings(**values) -> EngineSettings:
 
 
 def _engine(stats: EngineStats, max_loras: int = 0):
-    info = SimpleNamespace(engine_id="engine-under-test", model="tiny", max_loras=max_loras)
+    info = SimpleNamespace(engine_id="engine-under-test", model="tiny", max_loras=max_loras,
+                           block_size=32, max_model_len=512)
     return SimpleNamespace(info=info, stats=lambda: stats)
 
 
@@ -53,6 +54,7 @@ async def test_registers_with_the_loop_load_and_leaves_on_stop(redis, prefix):
     await entry.start()
     [live] = await registry.list_live("tiny")
     assert (live.engine_id, live.address) == ("engine-under-test", "127.0.0.1:7001")
+    assert (live.block_size, live.max_model_len) == (32, 512)
     assert live.load == EngineLoad(2, 1, 0.25, num_free_blocks=3, num_blocks=4,
                                    num_waiting_tokens=40, max_num_waiting_seqs=8,
                                    max_num_waiting_tokens=512)

@@ -66,7 +66,7 @@ def format_of(shape: type[ResponseFormat]) -> FormatOf:
 async def _render_conversation(request: GenerationRequest) -> list[PromptTokens]:
     body: ChatCompletionRequest = request.body
     return [await request.pipeline.tokenizer.render(
-        render_input(body, body.requested_max_tokens))]
+        render_input(body, body.requested_max_tokens, request.model))]
 
 
 async def _tokenize_prompts(request: GenerationRequest) -> list[PromptTokens]:
@@ -77,7 +77,7 @@ async def _tokenize_prompts(request: GenerationRequest) -> list[PromptTokens]:
         text, token_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
         tokens = await pipeline.tokenizer.tokenize(PromptInput(
             text=text, token_ids=token_ids, add_special_tokens=body.add_special_tokens,
-            max_tokens=body.requested_max_tokens or 0))
+            max_tokens=body.requested_max_tokens or 0, max_model_len=request.model.max_model_len))
         if body.echo and token_ids is not None:  # echo shows the text of the ids
             tokens.prompt_text = await pipeline.tokenizer.decode(token_ids)
         return tokens

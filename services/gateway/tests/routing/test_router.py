@@ -11,6 +11,7 @@ from conveyor.common.engine_registry import EngineEntry, EngineLoad, EngineRegis
 from conveyor.common.redis_scripts import run_script_calls
 from conveyor.gateway.routing.bindings import PendingBindings
 from conveyor.gateway.routing.directory import NoEngineAvailable
+from conveyor.gateway.routing.policy import hint_block_size
 from conveyor.gateway.routing.router import Router
 from conveyor.gateway.routing.settings import RoutingSettings
 
@@ -40,9 +41,10 @@ def other_router(other_redis, prefix, settings):
 
 
 async def engine(registry: EngineRegistry, engine_id: str, running: int = 0, waiting: int = 0,
-                 kv: float = 0.0) -> None:
+                 kv: float = 0.0, block_size: int = 16) -> None:
     await registry.heartbeat(EngineEntry(engine_id, f"{engine_id}:50052", "m",
-                                         EngineLoad(running, waiting, kv)))
+                                         EngineLoad(running, waiting, kv),
+                                         block_size=block_size))
 
 
 async def test_no_engine_is_unavailable(router):
@@ -161,6 +163,29 @@ async def test_prefix_hints_do_not_cross_cache_salts(registry, router):
     await engine(registry, "a", running=2)
     assert (await router.pick(None, PROMPT, cache_salt="tenant:globex")).engine_id == "b"
     assert (await router.pick(None, PROMPT, cache_salt="tenant:acme")).engine_id == "a"
+
+
+async def test_hints_are_hashed_in_the_block_size_the_engines_publish(redis, registry, router):
+    """Engines of block size 32: a 48-token prompt is one full block, and a prompt sharing
+    only its first 31 tokens shares no block (in 16-token blocks it would share one)."""
+    await engine(registry, "a", block_size=32)
+    await engine(registry, "b", running=1, block_size=32)
+    pending = PendingBindings()
+    assert (await router.pick(None, PROMPT, pending=pending)).engine_id == "a"
+    assert len(pending.calls) == 1
+    await run_script_calls(redis, pending.calls)
+    await engine(registry, "a", running=3, block_size=32)  # b less loaded, within imbalance
+    assert (await router.pick(None, PROMPT[:32] + [9] * 20)).engine_id == "a"
+    assert (await router.pick(None, PROMPT[:31] + [9] * 21)).engine_id == "b"
+
+
+def test_engines_that_disagree_are_hinted_in_the_size_most_of_them_publish():
+    def sized(*sizes: int) -> list[EngineEntry]:
+        return [EngineEntry(str(i), f"{i}:1", "m", block_size=s) for i, s in enumerate(sizes)]
+
+    assert hint_block_size(sized(32, 16, 32)) == 32
+    assert hint_block_size(sized(32, 16)) == 16  # a tie: the smaller
+    assert hint_block_size(sized(64)) == 64
 
 
 async def test_a_hint_to_a_gone_engine_is_replaced(registry, router):

@@ -32,9 +32,9 @@ BUSY = dict(num_running=5, num_free_blocks=5, num_blocks=10, kv_usage=0.5)
 class FakeEngine(engine_pb2_grpc.EngineServicer):
     """An engine of model "m" answering Stats with `stats` (EngineStats' fields)."""
 
-    def __init__(self, engine_id: str, stats: dict, max_loras: int = 0):
+    def __init__(self, engine_id: str, stats: dict, max_loras: int = 0, block_size: int = 16):
         self._info = engine_pb2.EngineInfo(model="m", max_model_len=64, engine_id=engine_id,
-                                           max_loras=max_loras)
+                                           max_loras=max_loras, block_size=block_size)
         self._stats = engine_pb2.EngineStats(**stats)
 
     async def Stats(self, request, context):
@@ -68,6 +68,11 @@ async def test_a_static_engine_at_its_waiting_bound_is_full():
     assert (entry.load.num_waiting_tokens, entry.load.max_num_waiting_seqs,
             entry.load.max_num_waiting_tokens, entry.load.num_blocks) == (90, 2, 1000, 10)
     assert LoadPolicy().is_full(entry)
+
+
+async def test_a_static_engine_is_listed_with_the_block_size_and_max_model_len_of_its_info():
+    [entry] = await static_entries(FakeEngine("e", BUSY, block_size=32))
+    assert (entry.block_size, entry.max_model_len) == (32, 64)
 
 
 @pytest.mark.parametrize("path", ["registry", "static"])

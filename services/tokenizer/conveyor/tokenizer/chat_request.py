@@ -28,6 +28,8 @@ class ChatRequest:
     tools_json: str = ""
     chat_template_kwargs_json: str = ""
     max_tokens: int = 0
+    max_model_len: int | None = None
+    """The context length to check against (the engines'); None: the model's own."""
 
     @property
     def num_chars(self) -> int:

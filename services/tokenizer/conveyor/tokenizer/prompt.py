@@ -12,6 +12,8 @@ class TextPrompt:
     text: str
     add_special_tokens: bool = False
     max_tokens: int = 0
+    max_model_len: int | None = None
+    """The context length to check against (the engines'); None: the model's own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +22,8 @@ class TokenIdsPrompt:
 
     token_ids: list[int]
     max_tokens: int = 0
+    max_model_len: int | None = None
+    """The context length to check against (the engines'); None: the model's own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +33,7 @@ class TokenizedPrompt:
     token_ids: list[int]
     prompt_text: str
     max_model_len: int
+    """The context length it was checked against."""
 
     @property
     def num_tokens(self) -> int:

@@ -23,6 +23,8 @@ class ServedTokenizer:
 
     model: str
     max_model_len: int
+    """The model's own context length (max_position_embeddings): requests check against
+    the engines' max_model_len, which they carry, and against this one without it."""
     facts: TokenizerFacts
 
 
@@ -30,11 +32,13 @@ class PromptService:
     """Renders and tokenizes prompts in a thread pool, so one long prompt
     does not hold up the event loop (HF fast tokenizers release the GIL).
 
-    Every method raises InvalidRequest (or ContextLengthExceeded) for bad input. Text
-    longer than `max_chars_per_token` x max_model_len characters is refused before it is
-    rendered or tokenized (a 20 MB prompt would take gigabytes and many seconds). A
-    request's own chat template is refused unless `allow_request_chat_template`: a
-    template of nested loops could hold a worker thread for as long as it likes.
+    Every method raises InvalidRequest (or ContextLengthExceeded) for bad input; a prompt
+    is checked against the max_model_len its request carries (the engines'), else the
+    model's own. Text longer than `max_chars_per_token` x the model's max_model_len
+    characters is refused before it is rendered or tokenized (a 20 MB prompt would take
+    gigabytes and many seconds). A request's own chat template is refused unless
+    `allow_request_chat_template`: a template of nested loops could hold a worker thread
+    for as long as it likes.
     """
 
     def __init__(self, tokenizer: PromptTokenizer, renderer: ChatRenderer, model: str,
@@ -81,21 +85,23 @@ class PromptService:
             raise InvalidRequest("the chat template rendered an empty prompt")
         check_text_length(len(text), self.max_text_chars, "the rendered conversation")
         token_ids = self._tokenizer.encode(text, add_special_tokens=False)
-        return self._validated(token_ids, text, request.max_tokens)
+        return self._validated(token_ids, text, request.max_tokens, request.max_model_len)
 
     def _tokenize_text(self, prompt: TextPrompt) -> TokenizedPrompt:
         check_text_length(len(prompt.text), self.max_text_chars)
         token_ids = self._tokenizer.encode(prompt.text, prompt.add_special_tokens)
-        return self._validated(token_ids, prompt.text, prompt.max_tokens)
+        return self._validated(token_ids, prompt.text, prompt.max_tokens, prompt.max_model_len)
 
     def _check_token_ids(self, prompt: TokenIdsPrompt) -> TokenizedPrompt:
         if not prompt.token_ids:
             raise InvalidRequest("prompt token_ids is empty; send at least one token id")
         self._tokenizer.check_ids(prompt.token_ids)
-        return self._validated(prompt.token_ids, "", prompt.max_tokens)
+        return self._validated(prompt.token_ids, "", prompt.max_tokens, prompt.max_model_len)
 
-    def _validated(self, token_ids: list[int], text: str, max_tokens: int) -> TokenizedPrompt:
+    def _validated(self, token_ids: list[int], text: str, max_tokens: int,
+                   max_model_len: int | None) -> TokenizedPrompt:
         if not token_ids:
             raise InvalidRequest("the prompt has no tokens")
-        check_context_length(len(token_ids), max_tokens, self.info.max_model_len)
-        return TokenizedPrompt(list(token_ids), text, self.info.max_model_len)
+        max_model_len = max_model_len or self.info.max_model_len
+        check_context_length(len(token_ids), max_tokens, max_model_len)
+        return TokenizedPrompt(list(token_ids), text, max_model_len)

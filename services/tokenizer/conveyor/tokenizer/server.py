@@ -26,15 +26,16 @@ log = logging.getLogger("conveyor.tokenizer")
 
 
 def build_service(settings: TokenizerSettings) -> PromptService:
-    """Load the model's tokenizer and config (blocking) and build the service."""
+    """Load the model's tokenizer and config (blocking) and build the service. Prompts
+    are checked against the max_model_len each request carries (the engines' own, the
+    one setting of it), else the model's."""
     source = resolve_model(settings.model)
     tokenizer = load_tokenizer(source)
     config = load_config(source)
-    max_model_len = max_model_len_of(config, settings.max_model_len)
     return PromptService(
         PromptTokenizer(tokenizer, _eos_ids(config)), ChatRenderer(tokenizer),
-        settings.model_name, max_model_len, settings.num_workers, settings.max_chars_per_token,
-        settings.allow_request_chat_template,
+        settings.model_name, max_model_len_of(config, None), settings.num_workers,
+        settings.max_chars_per_token, settings.allow_request_chat_template,
     )
 
 
@@ -51,7 +52,7 @@ async def serve(settings: TokenizerSettings) -> None:
     setup_logging("tokenizer", settings.log_level, settings.log_json)
     setup_tracing("conveyor-tokenizer")
     service = await asyncio.to_thread(build_service, settings)
-    log.info("serving %s: %d tokens, max_model_len %d", service.info.model,
+    log.info("serving %s: %d tokens, the model's max_model_len %d", service.info.model,
              service.info.facts.vocab_size, service.info.max_model_len)
     server = await start_grpc_server(settings, [registration(service)])
     listing = replica_registration("tokenizer", settings, service.info.model, server.port)

@@ -57,10 +57,13 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         which = request.WhichOneof("prompt")
         if which is None:
             raise InvalidRequest("prompt is missing; set text or token_ids")
+        max_model_len = request.max_model_len or None
         if which == "token_ids":
-            prompt = TokenIdsPrompt(list(request.token_ids.ids), request.max_tokens)
+            prompt = TokenIdsPrompt(list(request.token_ids.ids), request.max_tokens,
+                                    max_model_len)
         else:
-            prompt = TextPrompt(request.text, request.add_special_tokens, request.max_tokens)
+            prompt = TextPrompt(request.text, request.add_special_tokens, request.max_tokens,
+                                max_model_len)
         return await self._service.tokenize(prompt)
 
 
@@ -84,6 +87,7 @@ def _chat_request(request) -> ChatRequest:
         tools_json=request.tools_json,
         chat_template_kwargs_json=request.chat_template_kwargs_json,
         max_tokens=request.max_tokens,
+        max_model_len=request.max_model_len or None,
     )
 
 

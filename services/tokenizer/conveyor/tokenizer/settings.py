@@ -23,7 +23,8 @@ class TokenizerSettings(ModelSettingsMixin, RegistrationSettings, ServiceSetting
     )
     max_chars_per_token: int = Field(
         DEFAULT_MAX_CHARS_PER_TOKEN, ge=1, description="Text longer than this many characters "
-        "per max_model_len token is refused (INVALID_ARGUMENT) before it is tokenized."
+        "per token of the model's context length is refused (INVALID_ARGUMENT) before it is "
+        "tokenized."
     )
     allow_request_chat_template: bool = Field(
         False, description="Render a request's own chat_template; Jinja's sandbox bounds "

@@ -104,10 +104,13 @@ def detok_options(body: GenerationBody, request_id: str,
     )
 
 
-def render_input(body: ChatCompletionRequest, max_tokens: int | None) -> RenderInput:
+def render_input(body: ChatCompletionRequest, max_tokens: int | None,
+                 model: ServedModel) -> RenderInput:
+    """The conversation to render, checked against `model`'s max_model_len."""
     return RenderInput(
         messages=chat_turns(body.messages),
         max_tokens=max_tokens or 0,
+        max_model_len=model.max_model_len,
         add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
         continue_final_message=body.continue_final_message,
         chat_template=body.chat_template or "",

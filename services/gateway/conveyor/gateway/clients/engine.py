@@ -148,6 +148,8 @@ class EngineFacts:
     engine_id: str
     max_loras: int = 0
     """Most distinct LoRA adapters in one step (0: it serves none)."""
+    block_size: int = 16
+    """Tokens per KV block."""
 
 
 # -- client ------------------------------------------------------------------------------
@@ -279,5 +281,5 @@ def position_logprobs(message: engine_pb2.PositionLogprobs) -> PositionLogprobs:
 def engine_facts(message: engine_pb2.EngineInfo) -> EngineFacts:
     return EngineFacts(
         model=message.model, max_model_len=message.max_model_len, engine_id=message.engine_id,
-        max_loras=message.max_loras,
+        max_loras=message.max_loras, block_size=message.block_size,
     )

@@ -30,6 +30,9 @@ class RenderInput:
 
     messages: list[ChatTurn]
     max_tokens: int = 0
+    max_model_len: int = 0
+    """The context length to check prompt + max_tokens against (the engines', as the
+    served model has it); 0: the model's own."""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str = ""
@@ -45,11 +48,13 @@ class PromptInput:
     token_ids: list[int] | None = None
     add_special_tokens: bool = True
     max_tokens: int = 0
+    max_model_len: int = 0
+    """As RenderInput's."""
 
 
 @dataclass(slots=True)
 class PromptTokens:
-    """A tokenized prompt and the model's context length."""
+    """A tokenized prompt and the context length it was checked against."""
 
     token_ids: list[int]
     prompt_text: str
@@ -67,6 +72,7 @@ class TokenizerFacts:
     model: str
     vocab_size: int
     max_model_len: int
+    """The model's own (engines may serve a shorter one: ServedModel has theirs)."""
     eos_token_ids: list[int]
 
 
@@ -133,6 +139,7 @@ def render_request(render: RenderInput) -> tokenizer_pb2.RenderRequest:
         tools_json=render.tools_json,
         max_tokens=render.max_tokens,
         chat_template_kwargs_json=render.chat_template_kwargs_json,
+        max_model_len=render.max_model_len,
     )
 
 
@@ -149,7 +156,8 @@ def _chat_message(turn: ChatTurn) -> tokenizer_pb2.ChatMessage:
 
 def tokenize_request(prompt: PromptInput) -> tokenizer_pb2.TokenizeRequest:
     request = tokenizer_pb2.TokenizeRequest(
-        add_special_tokens=prompt.add_special_tokens, max_tokens=prompt.max_tokens
+        add_special_tokens=prompt.add_special_tokens, max_tokens=prompt.max_tokens,
+        max_model_len=prompt.max_model_len,
     )
     if prompt.token_ids is not None:
         request.token_ids.ids.extend(prompt.token_ids)

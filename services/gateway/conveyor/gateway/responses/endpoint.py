@@ -18,7 +18,7 @@ async def _render_turn(request: GenerationRequest) -> list[PromptTokens]:
     body: ResponsesChat = request.body
     pipeline = request.pipeline
     await body.turn.continue_from(pipeline.responses, request.tenant.tenant_id)
-    render = render_input(body, body.requested_max_tokens)
+    render = render_input(body, body.requested_max_tokens, request.model)
     render.messages = chat_turns(body.turn.messages)
     return [await pipeline.tokenizer.render(render)]
 

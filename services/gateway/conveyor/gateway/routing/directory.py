@@ -1,10 +1,10 @@
 """The live engines of a gateway: those registered in Redis (`--scale engine=N`; their
 load comes with their heartbeat, at most one interval old) are the truth; while none
 has registered, the configured addresses stand in (`StaticEngines`: live while they
-answer Stats, under the id their Info reports, so session bindings read the same
-either way). The list is read once per heartbeat interval for all requests of a
-gateway, and an engine a request could not reach is left out for one registry TTL
-(`EngineDirectory`)."""
+answer Stats, under the id, block size and max_model_len their Info reports, so
+session bindings, prefix hints and length checks read the same either way). The list
+is read once per heartbeat interval for all requests of a gateway, and an engine a
+request could not reach is left out for one registry TTL (`EngineDirectory`)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ class StaticEngines:
         facts = await asyncio.gather(*(self._facts_of(e) for e, _ in answering))
         entries = [
             EngineEntry(fact.engine_id or engine.address, engine.address, fact.model, load,
-                        fact.max_loras)
+                        fact.max_loras, fact.block_size, fact.max_model_len)
             for (engine, load), fact in zip(answering, facts, strict=True) if fact is not None
         ]
         return [e for e in entries if model is None or e.model == model]

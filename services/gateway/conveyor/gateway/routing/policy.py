@@ -1,19 +1,24 @@
 """When an engine is too busy to take a request (`LoadPolicy`), and the prompt's prefix
-hashes its hints are kept under (`prefix_block_hashes`).
+hashes its hints are kept under (`prefix_block_hashes`, in blocks of `hint_block_size`).
 
 Prefix hints hash a prompt's leading full blocks chained like the engine's block
 hashes (block i's hash covers the cache salt and every token up to the end of block
 i), so equal hashes mean equal prefixes within one salt: tenants with different salts
 never share hints, as they never share cached blocks. The adapter's name is part of the
 salt for the same reason (a prompt under another adapter, or the base model, is
-another prefix to the engine)."""
+another prefix to the engine).
+
+Blocks are the engines' own (each publishes its block size): when the candidate engines
+disagree, hints are hashed in the size most of them use (ties: the smaller), which
+matches the cache of most engines; a hint is only a preference, so an engine of another
+size is still picked by load."""
 
 from __future__ import annotations
 
 import hashlib
 import time
 from array import array
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -61,6 +66,13 @@ class LoadPolicy:
         """A soft preference (a hint, an adapter held) may send a request to `engine`:
         it is neither overloaded nor much busier than `least`."""
         return not self.is_overloaded(engine) and not self.is_much_busier(engine, least)
+
+
+def hint_block_size(engines: Iterable[EngineEntry]) -> int:
+    """The block size prefix hints are hashed in: the one most of `engines` publish (ties:
+    the smaller). `engines` must not be empty."""
+    counts = Counter(e.block_size for e in engines)
+    return min(counts, key=lambda size: (-counts[size], size))
 
 
 def prefix_block_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int,

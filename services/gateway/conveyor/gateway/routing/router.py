@@ -7,9 +7,10 @@ Order of preference when picking:
    which holds the conversation's prefix cache. The binding moves only when that engine is gone
    from the registry, or overloaded while another engine is not.
 2. **Prefix hint.** Otherwise (and when a session is first bound) the longest
-   of the prompt's leading full blocks that some live engine served recently
-   sends it there, unless that engine is overloaded or much busier than the
-   least loaded one (a hint is only a preference).
+   of the prompt's leading full blocks (in the block size the engines publish:
+   policy.hint_block_size) that some live engine served recently sends it there,
+   unless that engine is overloaded or much busier than the least loaded one (a
+   hint is only a preference).
 3. **Adapter held.** A request naming a LoRA adapter goes to the least loaded engine
    that holds it in memory (engines list theirs with their load), on the same terms as
    a hint; else the engine picked by load reads the adapter from the request's path.
@@ -38,7 +39,12 @@ from conveyor.common.engine_registry import (
 from conveyor.common.redis_scripts import ScriptCall, run_script_calls
 from conveyor.gateway.routing.bindings import EngineBindings, PendingBindings
 from conveyor.gateway.routing.directory import NoEngineAvailable
-from conveyor.gateway.routing.policy import LoadPolicy, RecentPicks, prefix_block_hashes
+from conveyor.gateway.routing.policy import (
+    LoadPolicy,
+    RecentPicks,
+    hint_block_size,
+    prefix_block_hashes,
+)
 from conveyor.gateway.routing.settings import RoutingSettings
 
 log = logging.getLogger("conveyor.gateway.routing")
@@ -68,14 +74,13 @@ class Router:
     """Picks an engine per request; safe to share by all requests of a gateway."""
 
     def __init__(self, registry: LiveEngines, sessions: EngineBindings,
-                 prefixes: EngineBindings, policy: LoadPolicy, *, block_size: int = 16,
+                 prefixes: EngineBindings, policy: LoadPolicy, *,
                  max_hint_blocks: int = 4, model: str | None = None,
                  recent_window_s: float = 2 * DEFAULT_INTERVAL_S):
         self._registry = registry
         self._sessions = sessions
         self._prefixes = prefixes
         self._policy = policy
-        self._block_size = block_size
         self._max_hint_blocks = max_hint_blocks
         self._model = model
         self._recent = RecentPicks(recent_window_s)
@@ -92,8 +97,8 @@ class Router:
             EngineBindings(redis, "session", prefix=prefix, ttl_s=settings.session_ttl_s),
             EngineBindings(redis, "prefix", prefix=prefix, ttl_s=settings.prefix_hint_ttl_s),
             LoadPolicy(settings.max_waiting, settings.max_kv_usage, settings.max_imbalance),
-            block_size=settings.prefix_block_size, max_hint_blocks=settings.prefix_hint_blocks,
-            model=model, recent_window_s=DEFAULT_INTERVAL_S + settings.engine_list_max_age_s,
+            max_hint_blocks=settings.prefix_hint_blocks, model=model,
+            recent_window_s=DEFAULT_INTERVAL_S + settings.engine_list_max_age_s,
         )
 
     async def live_engines(self, model: str | None = None,
@@ -146,8 +151,8 @@ class Router:
     async def _choose(self, session_key: str | None, token_ids: Sequence[int], cache_salt: str,
                       lora: str | None, engines: Engines,
                       pending: PendingBindings | None) -> EngineEntry:
-        hashes = prefix_block_hashes(token_ids, self._block_size, self._max_hint_blocks,
-                                     cache_salt, lora or "")
+        hashes = prefix_block_hashes(token_ids, hint_block_size(engines.values()),
+                                     self._max_hint_blocks, cache_salt, lora or "")
         bound, seen = await self._read_bindings(session_key, hashes)
         if bound is not None and self._may_stay(bound, engines):
             chosen, writes = engines[bound], []

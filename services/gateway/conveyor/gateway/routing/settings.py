@@ -19,10 +19,10 @@ class RoutingSettings(BaseSettings):
                                  "its engine after its last request.")
     prefix_hint_ttl_s: float = Field(300.0, gt=0, description="How long a prompt prefix stays "
                                      "hinted to the engine that last served it.")
-    prefix_block_size: int = Field(16, ge=1, description="Tokens per prefix-hint block; match "
-                                   "the engine's KV block size (CONVEYOR_ENGINE_BLOCK_SIZE).")
     prefix_hint_blocks: int = Field(4, ge=0, description="Leading full blocks of a prompt that "
-                                    "are hinted (0 turns prefix hints off).")
+                                    "are hinted (0 turns prefix hints off); blocks are the "
+                                    "engines' own (CONVEYOR_ENGINE_BLOCK_SIZE, which they "
+                                    "publish).")
     max_waiting: int = Field(8, ge=0, description="An engine with more waiting requests is "
                              "busy: sessions and hints move off it when another engine is not "
                              "(an engine at its own CONVEYOR_ENGINE_MAX_NUM_WAITING_* bound is "
