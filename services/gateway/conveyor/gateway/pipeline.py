@@ -82,7 +82,7 @@ class Pipeline:
             timelines=TimelineStore(redis, prefix=settings.redis_prefix,
                                     ttl_s=settings.timeline_ttl_s),
             redis=redis,
-            catalog=ModelCatalog(tokenizer, settings.served_model_name, adapters),
+            catalog=ModelCatalog(tokenizer, settings.served_model_name, adapters, directory),
             metrics=metrics,
             responses=ResponseStore(redis, prefix=settings.redis_prefix,
                                     ttl_s=settings.responses_ttl_s),

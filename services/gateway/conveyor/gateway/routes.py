@@ -303,10 +303,12 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
         model = await pipeline.catalog.resolve(body.model, await viewer_of(pipeline, request))
         if body.messages is not None:
             prompt = await pipeline.tokenizer.render(RenderInput(
-                chat_turns(body.messages), add_generation_prompt=body.add_generation_prompt))
+                chat_turns(body.messages), add_generation_prompt=body.add_generation_prompt,
+                max_model_len=model.max_model_len))
         else:
             prompt = await pipeline.tokenizer.tokenize(PromptInput(
-                text=body.prompt, add_special_tokens=body.add_special_tokens))
+                text=body.prompt, add_special_tokens=body.add_special_tokens,
+                max_model_len=model.max_model_len))
         return {"count": prompt.num_tokens, "max_model_len": model.max_model_len,
                 "tokens": prompt.token_ids}
 
