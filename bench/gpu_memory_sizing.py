@@ -44,9 +44,9 @@ class SizingResult:
 
 
 def _config(dtype: str, utilization: float):
-    from conveyor.engine.worker.runner_config import RunnerConfig
+    from conveyor.engine.core.config import EngineConfig
 
-    return RunnerConfig(model=f"(random {SHAPE})", device="cuda", dtype=dtype,
+    return EngineConfig(model=f"(random {SHAPE})", device="cuda", dtype=dtype,
                         attention_backend="triton", max_model_len=MAX_MODEL_LEN,
                         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                         max_num_seqs=MAX_NUM_SEQS, memory_utilization=utilization,

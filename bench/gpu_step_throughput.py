@@ -94,14 +94,14 @@ def make_runner(shape: str, plan: Plan):
     (on the CPU: the same path without capture)."""
     import torch
 
+    from conveyor.engine.core.config import EngineConfig
     from conveyor.engine.worker.model_runner import ModelRunner
-    from conveyor.engine.worker.runner_config import RunnerConfig
     from devkit.random_model import random_llama
 
     largest = max(plan.batches)
     model = random_llama(shape, dtype=getattr(torch, plan.dtype), device=plan.device,
                          attention_backend="triton")
-    config = RunnerConfig(
+    config = EngineConfig(
         model=f"(random {shape})", device=plan.device, dtype=plan.dtype,
         attention_backend="triton", block_size=BLOCK_SIZE, max_model_len=plan.max_len,
         max_num_batched_tokens=max(2048, largest), max_num_seqs=largest,

@@ -66,7 +66,7 @@ def run_inprocess(llm, requests: list[BenchRequest], concurrency: int,
 
     admit()
     while live:
-        deltas = core.step().deltas
+        deltas = core.step()
         now = time.perf_counter()
         for delta in deltas:
             _record(live, done, delta, now)

@@ -61,13 +61,13 @@ def measure_occupancy(workload: list[tuple[int, int]], block_size: int = 16,
                       max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                       arrivals_per_step: int = 2) -> Occupancy:
     """Run the workload through the real scheduler; requests arrive a few per step."""
-    from conveyor.engine.core.config import SchedulerConfig
+    from conveyor.engine.core.config import EngineConfig
     from conveyor.engine.core.request import Request
     from conveyor.engine.core.scheduler import Scheduler
     from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SampledToken
     from conveyor.engine.sampling_params import SamplingParams
 
-    scheduler = Scheduler(SchedulerConfig(
+    scheduler = Scheduler(EngineConfig(
         num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         enable_prefix_caching=False))

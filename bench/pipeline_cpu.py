@@ -12,6 +12,11 @@ the means), and the voluntary context switches of every thread of each process
 step). It prints CPU ms and wakeups per output token of each, TPOT p50 and output tok/s,
 then the mean of each repo over the rounds and each repo's ratio to the first.
 
+With `--in-process`, each repo's served runs are followed, back to back, by the offline
+engine of its engine checkout (a child process with the engine's environment and threads)
+on the same c1 prompts: "served/in-process" is the served c1 TPOT over the engine's own,
+what the pipeline adds to a token (issue 31's target: at most 1.10x with q4_1_int8).
+
 A repo is a checkout (e.g. a git worktree of the base commit) with its protos generated
 (scripts/gen_protos.py); its services run from it through PYTHONPATH on this .venv.
 `--engine-repo` runs every engine from one checkout, so that only the other services'
@@ -122,6 +127,19 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
+def format_in_process(summary: list[dict], in_process: list[dict]) -> list[str]:
+    """Each repo's served c1 TPOT over its engine's in-process TPOT (means over rounds)."""
+    lines = []
+    for row in summary:
+        own = [r["tpot_p50_ms"] for r in in_process if r["repo"] == row["repo"]]
+        if row["concurrency"] == 1 and own:
+            alone = statistics.fmean(own)
+            lines.append(f"{row['repo']} c1: served {row['tpot_p50_ms']:.2f} ms / in-process "
+                         f"{alone:.2f} ms = {row['tpot_p50_ms'] / alone:.3f}x "
+                         f"(in-process rounds {', '.join(f'{t:.2f}' for t in own)})")
+    return lines
+
+
 def is_disturbed(row: dict) -> bool:
     return row["cpu_s"]["others"] / max(row["duration_s"], 1e-9) > DISTURBED_CORES
 
@@ -198,6 +216,61 @@ def run_repo(repo: Repo, args, maker, log_dir: Path) -> list[dict]:
 
 
 def _measure_pipeline(repo: Repo, args, maker, log_dir: Path, engine_env: dict) -> list[dict]:
+    rows = _measure_served(repo, args, maker, log_dir, engine_env)
+    if args.in_process:
+        maker.rng.seed(args.concurrency.index(1) if 1 in args.concurrency else 0)
+        requests = maker.random_requests(args.num_requests + 1, PROMPT_LEN, args.output_len)
+        row = {"repo": repo.name, "concurrency": 1, "in_process": True,
+               **in_process_tpot(requests, args.output_len, engine_env)}
+        print(f"{repo.name:>8} in-process c1: TPOT p50 {row['tpot_p50_ms']:6.2f} ms", flush=True)
+        rows.append(row)
+    return rows
+
+
+def in_process_tpot(requests, output_len: int, engine_env: dict) -> dict:
+    """The offline engine (run as `main` runs with --in-process-child, in a child with the
+    engine's environment) on `requests` one at a time: the first warms up, the others'
+    TPOT p50 as the served runs count it."""
+    import subprocess
+    import sys
+
+    spec = {"prompts": [r.prompt for r in requests], "output_len": output_len}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    env = {**os.environ, **engine_env}
+    out = subprocess.run([sys.executable, __file__, "--in-process-child", f.name], env=env,
+                         check=True, capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    return json.loads(out.splitlines()[-1])
+
+
+def _in_process_child(spec_path: str) -> None:
+    """Run by path, so that `conveyor.engine` is the engine checkout's on PYTHONPATH."""
+    import time
+
+    from conveyor.engine import LLM
+    from conveyor.engine.engine_request import EngineRequest
+    from conveyor.engine.sampling_params import SamplingParams
+
+    spec = json.loads(Path(spec_path).read_text())
+    llm = LLM()
+    tpots = []
+    for i, prompt in enumerate(spec["prompts"]):
+        ids = llm.get_tokenizer()(prompt, add_special_tokens=False)["input_ids"]
+        params = SamplingParams(temperature=0.0, max_tokens=spec["output_len"], ignore_eos=True)
+        llm.core.add_request(EngineRequest(f"r{i}", ids, params))
+        times = []
+        while llm.core.has_unfinished_requests:
+            result = llm.core.step()
+            now = time.perf_counter()
+            deltas = getattr(result, "deltas", result)  # a StepResult before issue 31 step 2
+            times += [now for delta in deltas for _ in delta.new_token_ids]
+        if i:  # the first warms up
+            tpots.append((times[-1] - times[0]) / (len(times) - 1))
+    print(json.dumps({"tpot_p50_ms": statistics.median(tpots) * 1000}))
+
+
+def _measure_served(repo: Repo, args, maker, log_dir: Path, engine_env: dict) -> list[dict]:
     from bench.suite.targets import conveyor_pipeline
 
     rows = []
@@ -236,6 +309,8 @@ def parse_args(argv=None):
     p.add_argument("--service-env", action="append", default=[], type=lambda s: s.split("=", 2),
                    help="NAME=KEY=VALUE: an environment entry of repo NAME's services but the "
                    "engine (the engine keeps what this process has)")
+    p.add_argument("--in-process", action="store_true",
+                   help="after each repo's served runs, its engine in process on the c1 prompts")
     p.add_argument("--out", type=Path, default=None, help="write every row and the summary as JSON")
     return p.parse_args(argv)
 
@@ -258,15 +333,21 @@ def main(argv=None) -> None:
     for round_index in range(args.rounds):
         for repo in round_order(args.repo, round_index):
             rows += run_repo(repo, args, maker, log_dir)
-    summary = summarize(rows)
+    in_process = [r for r in rows if r.get("in_process")]
+    summary = summarize([r for r in rows if not r.get("in_process")])
     print("\nmean over rounds:")
     for row in summary:
         print(format_row(row))
-    for line in format_ratios(summary):
+    for line in format_ratios(summary) + format_in_process(summary, in_process):
         print(line)
     if args.out:
         args.out.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:2] == ["--in-process-child"]:
+        _in_process_child(sys.argv[2])
+    else:
+        main()

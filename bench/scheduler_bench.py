@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from conveyor.engine.core.config import SchedulerConfig
+from conveyor.engine.core.config import EngineConfig
 from conveyor.engine.core.request import Request
 from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SampledToken
@@ -30,7 +30,7 @@ MAX_TOKENS = 1024
 
 
 def make_scheduler(num_requests: int) -> Scheduler:
-    config = SchedulerConfig(
+    config = EngineConfig(
         num_blocks=256 * (PROMPT_LEN + MAX_TOKENS) // 16,
         block_size=16,
         max_model_len=PROMPT_LEN + MAX_TOKENS,

@@ -17,6 +17,7 @@ nobody, the scheduler's n-gram proposer, the runner's draft model), in rotating 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -114,7 +115,8 @@ def main() -> None:
             for arm in ARMS[round_index % 3:] + ARMS[:round_index % 3]:
                 # off: no drafts; ngram: the scheduler proposes; draft: its proposer None,
                 # the runner's draft model fills the slots the scheduler leaves.
-                scheduler.config.num_speculative_tokens = 0 if arm == "off" else args.k
+                scheduler.config = dataclasses.replace(  # a benchmark's reach-in
+                    scheduler.config, num_speculative_tokens=0 if arm == "off" else args.k)
                 scheduler.proposer = ngram if arm == "ngram" else None
                 with DraftCounter(llm.core) as counter:
                     metrics, _ = run_inprocess(llm, requests, concurrency, ignore_eos=ignore_eos)

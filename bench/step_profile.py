@@ -118,7 +118,7 @@ def start_requests(llm, n: int, seed: int) -> None:
         llm.core.add_request(EngineRequest(f"p{n}-{i}", prompt, params))
     started: set[str] = set()
     while len(started) < n:
-        started.update(d.request_id for d in llm.core.step().deltas)
+        started.update(d.request_id for d in llm.core.step())
 
 
 def profile_decode(llm, timer: PartTimer, n: int, num_steps: int) -> dict:

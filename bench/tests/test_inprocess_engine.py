@@ -52,7 +52,7 @@ class FakeCore:
             deltas.append(Delta(request_id, [5], "length" if done else None))
             if done:
                 del self.live[request_id]
-        return type("Step", (), {"deltas": deltas})()
+        return deltas
 
 
 class FakeLLM:

@@ -10,6 +10,7 @@ import pytest
 from bench import pipeline_cpu
 from bench.pipeline_cpu import (
     Repo,
+    format_in_process,
     format_ratios,
     ms_per_token,
     parse_switches,
@@ -71,6 +72,17 @@ def test_summary_means_rounds_and_leaves_out_disturbed_ones():
     ratio, = format_ratios(summary)
     assert ratio.startswith("new/old c1: TPOT p50 0.902x")
     assert "gateway 0.55x" in ratio
+
+
+def test_served_c1_over_each_repos_own_in_process_tpot():
+    summary = summarize([_row("old", 1, 1.0, 12.0), _row("new", 1, 0.5, 11.0),
+                         _row("new", 16, 0.5, 30.0)])
+    in_process = [{"repo": "old", "tpot_p50_ms": 10.0}, {"repo": "new", "tpot_p50_ms": 9.0},
+                  {"repo": "new", "tpot_p50_ms": 11.0}]
+    old, new = format_in_process(summary, in_process)
+    assert old.startswith("old c1: served 12.00 ms / in-process 10.00 ms = 1.200x")
+    assert new.startswith("new c1: served 11.00 ms / in-process 10.00 ms = 1.100x")
+    assert format_in_process(summary, []) == []
 
 
 def test_a_group_of_disturbed_rounds_only_is_still_reported():

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 
 from conveyor.common.models import load_tokenizer, resolve_model
-from conveyor.engine.core.config import SchedulerConfig
+from conveyor.engine.core.config import EngineConfig
 from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.engine_info import EngineInfo
@@ -32,11 +33,13 @@ def build_engine_core(settings: EngineSettings) -> EngineCore:
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     try:
-        runner = ModelRunner(_runner_config(settings))
+        runner = ModelRunner(engine_config(settings))
+        config = resolved_config(settings, runner.config, runner.max_model_len,
+                                 runner.capacity.num_blocks)
     except ValueError as exc:
         raise ValueError(_in_setting_names(str(exc))) from exc
-    info = _engine_info(settings, runner)
-    scheduler = Scheduler(_scheduler_config(settings, info), info.eos_token_ids)
+    info = _engine_info(settings, config, runner)
+    scheduler = Scheduler(config, info.eos_token_ids)
     grammars = _grammar_compiler(settings, info)
     log.info("engine %s: %s on %s (%s, %s attention, weights %s), max_model_len %d, "
              "KV %d tokens in %s", info.engine_id, info.model, runner.config.device, info.dtype,
@@ -65,26 +68,20 @@ def _grammar_compiler(settings: EngineSettings, info: EngineInfo) -> GrammarComp
                            settings.grammar_compile_threads, settings.grammar_cache_size)
 
 
-_RUNNER_NAMES = {"kv_cache_space_gib": "kv_cache_gib"}
-"""RunnerConfig fields whose EngineSettings name differs."""
-
-
 _ADVICE = re.compile(r"\b(raise|lower|increase|decrease|change) "
                      r"(kv_cache_gib|memory_utilization|max_model_len|dtype|block_size"
                      r"|weight_format|kv_cache_dtype|speculative_method)\b")
 
 
 def _in_setting_names(message: str) -> str:
-    """A runner error message with its field names as the CONVEYOR_ENGINE_* settings."""
-    for runner_name, setting in _RUNNER_NAMES.items():
-        message = message.replace(runner_name, setting)
+    """An error message's advice with the CONVEYOR_ENGINE_* setting to change."""
     return _ADVICE.sub(lambda m: f"{m[1]} CONVEYOR_ENGINE_{m[2].upper()}", message)
 
 
-def _runner_config(settings: EngineSettings):
-    from conveyor.engine.worker.runner_config import RunnerConfig
-
-    return RunnerConfig(
+def engine_config(settings: EngineSettings) -> EngineConfig:
+    """The settings mapped onto the engine's one config (max_model_len and num_blocks None
+    unless set: the runner resolves them)."""
+    return EngineConfig(
         model=settings.model,
         device=settings.resolved_device(),
         dtype=settings.resolved_dtype(),
@@ -93,53 +90,49 @@ def _runner_config(settings: EngineSettings):
         attention_backend=settings.resolved_attention_backend(),
         block_size=settings.block_size,
         max_model_len=settings.max_model_len,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_num_seqs=settings.max_num_seqs,
-        kv_cache_space_gib=settings.kv_cache_gib,
-        memory_utilization=settings.memory_utilization,
         num_blocks=settings.num_kv_blocks,
-        seed=settings.seed,
-        cuda_graphs=settings.cuda_graphs,
-        cuda_graph_max_batch_size=settings.cuda_graph_max_batch_size,
-        draft_model=settings.resolved_draft_model(),
-        draft_weight_format=settings.speculative_draft_weight_format,
-        draft_max_requests=settings.speculative_max_running,
-        max_loras=settings.max_loras if settings.enable_lora else 0,
-        max_lora_rank=settings.max_lora_rank,
-    )
-
-
-def _engine_info(settings: EngineSettings, runner) -> EngineInfo:
-    model_config = runner.model_config
-    return EngineInfo(
-        model=settings.model_name,
-        max_model_len=runner.max_model_len,
-        block_size=settings.block_size,
-        num_blocks=runner.capacity.num_blocks,
-        vocab_size=model_config.vocab_size,
-        attention_backend=runner.config.backend_name,
-        dtype=runner.config.dtype,
-        engine_id=settings.resolved_engine_id(),
-        eos_token_ids=tuple(model_config.eos_token_ids),
-        max_loras=runner.config.max_loras,
-        max_lora_rank=runner.config.max_lora_rank if runner.config.max_loras else 0,
-    )
-
-
-def _scheduler_config(settings: EngineSettings, info: EngineInfo) -> SchedulerConfig:
-    return SchedulerConfig(
-        num_blocks=info.num_blocks,
-        block_size=info.block_size,
-        max_model_len=info.max_model_len,
+        kv_cache_gib=settings.kv_cache_gib,
+        memory_utilization=settings.memory_utilization,
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         enable_prefix_caching=settings.enable_prefix_caching,
         max_num_waiting_seqs=settings.max_num_waiting_seqs or None,
-        max_num_waiting_tokens=settings.resolved_max_num_waiting_tokens(info.max_model_len),
+        seed=settings.seed,
         num_speculative_tokens=settings.num_speculative_tokens,
         speculative_method=settings.speculative_method,
         ngram_min=settings.ngram_prompt_lookup_min,
         ngram_max=settings.ngram_prompt_lookup_max,
         speculative_max_running=settings.speculative_max_running,
-        max_loras=info.max_loras,
+        draft_model=settings.resolved_draft_model(),
+        draft_weight_format=settings.speculative_draft_weight_format,
+        cuda_graphs=settings.cuda_graphs,
+        cuda_graph_max_batch_size=settings.cuda_graph_max_batch_size,
+        max_loras=settings.max_loras if settings.enable_lora else 0,
+        max_lora_rank=settings.max_lora_rank,
+    )
+
+
+def resolved_config(settings: EngineSettings, config: EngineConfig, max_model_len: int,
+                    num_blocks: int) -> EngineConfig:
+    """`config` with what the runner found (max_model_len, num_blocks) and the waiting-token
+    bound that defaults from max_model_len: the scheduler's copy."""
+    return dataclasses.replace(
+        config, max_model_len=max_model_len, num_blocks=num_blocks,
+        max_num_waiting_tokens=settings.resolved_max_num_waiting_tokens(max_model_len))
+
+
+def _engine_info(settings: EngineSettings, config: EngineConfig, runner) -> EngineInfo:
+    model_config = runner.model_config
+    return EngineInfo(
+        model=settings.model_name,
+        max_model_len=config.max_model_len,
+        block_size=config.block_size,
+        num_blocks=config.num_blocks,
+        vocab_size=model_config.vocab_size,
+        attention_backend=config.backend_name,
+        dtype=config.dtype,
+        engine_id=settings.resolved_engine_id(),
+        eos_token_ids=tuple(model_config.eos_token_ids),
+        max_loras=config.max_loras,
+        max_lora_rank=config.max_lora_rank if config.max_loras else 0,
     )

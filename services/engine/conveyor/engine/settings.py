@@ -229,7 +229,7 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
         return self.weight_format
 
     def resolved_kv_cache_dtype(self) -> str:
-        from conveyor.engine.worker.runner_config import KV_CACHE_DTYPES
+        from conveyor.engine.core.config import KV_CACHE_DTYPES
 
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         return self.kv_cache_dtype

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conveyor.engine.core.config import SchedulerConfig
+from conveyor.engine.core.config import EngineConfig
 from conveyor.engine.core.request import Request
 from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.core.scheduler_output import (
@@ -121,7 +121,7 @@ def make_request(
 
 def make_scheduler(num_blocks: int = 10, block_size: int = 4, eos: tuple[int, ...] = (), **kw):
     kw.setdefault("max_model_len", min(num_blocks * block_size, 64))
-    config = SchedulerConfig(num_blocks=num_blocks, block_size=block_size, **kw)
+    config = EngineConfig(num_blocks=num_blocks, block_size=block_size, **kw)
     return Scheduler(config, eos_token_ids=eos)
 
 

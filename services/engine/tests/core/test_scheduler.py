@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.engine.core.config import SchedulerConfig
+from conveyor.engine.core.config import EngineConfig
 from conveyor.engine.core.errors import (
-    InvalidSchedulerConfig,
+    InvalidEngineConfig,
     KVCacheTooSmall,
 )
 from conveyor.engine.core.request import FinishReason, Request, RequestStatus
@@ -349,12 +349,12 @@ def test_updates_carry_logprobs_and_cached_tokens(support):
 def test_an_engine_whose_pool_cannot_hold_one_sequence_refuses_to_start():
     expected = r"2032 tokens.*max_model_len=2048.*increase kv_cache_gib.*lower max_model_len"
     with pytest.raises(KVCacheTooSmall, match=expected):
-        Scheduler(SchedulerConfig(num_blocks=127, block_size=16, max_model_len=2048))
-    SchedulerConfig(num_blocks=128, block_size=16, max_model_len=2048)  # exactly one fits
+        Scheduler(EngineConfig(num_blocks=127, block_size=16, max_model_len=2048))
+    EngineConfig(num_blocks=128, block_size=16, max_model_len=2048)  # exactly one fits
 
 
 def test_config_errors_name_the_setting():
-    with pytest.raises(InvalidSchedulerConfig, match="max_num_seqs"):
-        SchedulerConfig(num_blocks=10, max_num_seqs=0, max_model_len=16)
-    with pytest.raises(InvalidSchedulerConfig, match="long_prefill_token_threshold"):
-        SchedulerConfig(num_blocks=10, max_model_len=16, long_prefill_token_threshold=0)
+    with pytest.raises(InvalidEngineConfig, match="max_num_seqs"):
+        EngineConfig(num_blocks=10, max_num_seqs=0, max_model_len=16)
+    with pytest.raises(InvalidEngineConfig, match="long_prefill_token_threshold"):
+        EngineConfig(num_blocks=10, max_model_len=16, long_prefill_token_threshold=0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.engine.core.config import SchedulerConfig
-from conveyor.engine.core.errors import InvalidSchedulerConfig, WaitingQueueFull
+from conveyor.engine.core.config import EngineConfig
+from conveyor.engine.core.errors import InvalidEngineConfig, WaitingQueueFull
 from conveyor.engine.core.request import FinishReason, RequestStatus
 
 
@@ -133,6 +133,6 @@ def test_later_samples_join_past_the_bounds_and_are_never_pushed_out(support):
      "never be queued; raise CONVEYOR_ENGINE_MAX_NUM_WAITING_TOKENS (0: no limit)"),
 ])
 def test_bad_bounds_are_refused_at_start_naming_the_setting(bounds, message):
-    with pytest.raises(InvalidSchedulerConfig) as caught:
-        SchedulerConfig(num_blocks=16, block_size=4, max_model_len=64, **bounds)
+    with pytest.raises(InvalidEngineConfig) as caught:
+        EngineConfig(num_blocks=16, block_size=4, max_model_len=64, **bounds)
     assert str(caught.value) == message

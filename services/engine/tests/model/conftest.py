@@ -190,14 +190,14 @@ def make_driver():
 @pytest.fixture(scope="session")
 def make_runner(smollm2_model):
     """ModelRunner(s) over the shared model with a small pool (keyword overrides allowed)."""
+    from conveyor.engine.core.config import EngineConfig
     from conveyor.engine.worker.model_runner import ModelRunner
-    from conveyor.engine.worker.runner_config import RunnerConfig
 
     def make(**overrides):
         settings = dict(model="(preloaded)", block_size=16, num_blocks=256,
                         max_model_len=2048, max_num_batched_tokens=512, max_num_seqs=16)
         settings.update(overrides)
-        return ModelRunner(RunnerConfig(**settings), model=smollm2_model)
+        return ModelRunner(EngineConfig(**settings), model=smollm2_model)
 
     return make
 
@@ -206,8 +206,8 @@ def make_runner(smollm2_model):
 def tiny_runner():
     """ModelRunner(s) over one random tiny Llama (devkit/random_model.py) with the triton
     backend (the interpreter on CPU): fast enough for step-by-step runner tests."""
+    from conveyor.engine.core.config import EngineConfig
     from conveyor.engine.worker.model_runner import ModelRunner
-    from conveyor.engine.worker.runner_config import RunnerConfig
     from devkit.random_model import random_llama
 
     model = random_llama("tiny", attention_backend="triton")
@@ -217,7 +217,7 @@ def tiny_runner():
                         num_blocks=64, max_model_len=256, max_num_batched_tokens=64,
                         max_num_seqs=16, seed=0)
         settings.update(overrides)
-        return ModelRunner(RunnerConfig(**settings), model=model)
+        return ModelRunner(EngineConfig(**settings), model=model)
 
     return make
 

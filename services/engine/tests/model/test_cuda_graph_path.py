@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conveyor.engine.attention.metadata import PADDING_SLOT
+from conveyor.engine.core.config import EngineConfig
 from conveyor.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.worker.cuda_graphs import bucket_for, capture_sizes
-from conveyor.engine.worker.runner_config import RunnerConfig
 from conveyor.engine.worker.step_inputs import StepInputBuilder
 
 BLOCK = 4
@@ -101,7 +101,7 @@ def test_padding_is_refused_for_chunks_and_past_the_buffers():
     ("cuda", "torch", True, False), ("cpu", "triton", True, False),
 ])
 def test_graphs_only_on_a_device_with_the_triton_backend(device, backend, enabled, expected):
-    config = RunnerConfig(model="x", device=device, attention_backend=backend,
+    config = EngineConfig(model="x", device=device, attention_backend=backend,
                           cuda_graphs=enabled)
     assert config.uses_cuda_graphs is expected
 

@@ -43,7 +43,7 @@ def test_capacity_and_concurrency():
     assert capacity.max_concurrency == 8.0
 
 
-@pytest.mark.parametrize(("cuda", "setting"), [(False, "kv_cache_space_gib"),
+@pytest.mark.parametrize(("cuda", "setting"), [(False, "kv_cache_gib"),
                                                (True, "memory_utilization")])
 def test_refuses_pool_smaller_than_one_sequence(cuda, setting):
     capacity = kv_sizing.KVCapacity(num_blocks=10, block_size=16, max_model_len=161)

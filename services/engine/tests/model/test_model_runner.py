@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conveyor.engine.core.config import EngineConfig
 from conveyor.engine.core.scheduler_output import SchedulerOutput
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.worker.model_runner import ModelRunner
-from conveyor.engine.worker.runner_config import RunnerConfig
 
 pytestmark = pytest.mark.slow
 
@@ -60,12 +60,12 @@ def test_seeded_sampling_is_reproducible_through_the_runner(make_runner, make_dr
 
 
 def test_cpu_sizing_from_gib(smollm2_model):
-    runner = ModelRunner(RunnerConfig(model="(preloaded)", kv_cache_space_gib=0.05,
+    runner = ModelRunner(EngineConfig(model="(preloaded)", kv_cache_gib=0.05,
                                       max_model_len=512), model=smollm2_model)
     assert runner.capacity.num_blocks == int(0.05 * 2**30) // (45 * 1024 * 16)
     assert runner.kv_caches[0].shape == (2, runner.capacity.num_blocks, 16, 3, 64)
-    with pytest.raises(ValueError, match="kv_cache_space_gib"):
-        ModelRunner(RunnerConfig(model="(preloaded)", kv_cache_space_gib=0.001,
+    with pytest.raises(ValueError, match="kv_cache_gib"):
+        ModelRunner(EngineConfig(model="(preloaded)", kv_cache_gib=0.001,
                                  max_model_len=8192), model=smollm2_model)
 
 
@@ -73,7 +73,7 @@ def test_fp16_kv_pool_holds_twice_the_blocks(smollm2_model):
     """kv_cache_dtype float16: the pool is fp16 and the same space holds twice the blocks."""
     sizes = {}
     for kv_dtype in ("auto", "float16"):
-        runner = ModelRunner(RunnerConfig(model="(preloaded)", kv_cache_space_gib=0.05,
+        runner = ModelRunner(EngineConfig(model="(preloaded)", kv_cache_gib=0.05,
                                           max_model_len=512, kv_cache_dtype=kv_dtype),
                              model=smollm2_model)
         sizes[kv_dtype] = runner.capacity.num_blocks
@@ -84,10 +84,10 @@ def test_fp16_kv_pool_holds_twice_the_blocks(smollm2_model):
 
 def test_kv_cache_dtype_refusals():
     with pytest.raises(ValueError, match="kv_cache_dtype 'int8' is not one of"):
-        RunnerConfig(model="x", kv_cache_dtype="int8").validate()
+        EngineConfig(model="x", kv_cache_dtype="int8")
     with pytest.raises(ValueError, match="CPU option.*change kv_cache_dtype to auto"):
-        RunnerConfig(model="x", device="cuda", dtype="bfloat16",
-                     kv_cache_dtype="float16").validate()
+        EngineConfig(model="x", device="cuda", dtype="bfloat16",
+                     kv_cache_dtype="float16")
     from conveyor.engine.engine_factory import _in_setting_names
     from conveyor.engine.settings import EngineSettings
 
@@ -100,7 +100,7 @@ def test_kv_cache_dtype_refusals():
 def test_bf16_on_cpu_tracks_fp32(smollm2_folder, make_runner, make_driver):
     from conveyor.engine.model.loader import load_model
 
-    bf16 = ModelRunner(RunnerConfig(model="(preloaded)", dtype="bfloat16", num_blocks=32,
+    bf16 = ModelRunner(EngineConfig(model="(preloaded)", dtype="bfloat16", num_blocks=32,
                                     max_model_len=256, max_num_batched_tokens=64),
                        model=load_model(smollm2_folder, dtype=torch.bfloat16))
     assert bf16.kv_caches[0].dtype == torch.bfloat16
@@ -116,7 +116,7 @@ def test_bf16_on_cpu_tracks_fp32(smollm2_folder, make_runner, make_driver):
 
 def test_gpu_dtypes_refused_on_cpu():
     with pytest.raises(ValueError, match="float16"):
-        RunnerConfig(model="x", dtype="float16").validate()
+        EngineConfig(model="x", dtype="float16")
 
 
 def test_converted_gguf_folder_is_plain_hf(smollm2_folder):
@@ -185,7 +185,7 @@ def test_the_profiling_step_runs_before_the_pool_and_the_drafter_exist(smollm2_m
     for name, fake in fakes.items():
         monkeypatch.setattr(torch.cuda, name, fake)
     monkeypatch.setattr(ModelRunner, "_num_blocks", ModelRunner._num_blocks_by_profiling)
-    runner = ModelRunner(RunnerConfig(model="(preloaded)", max_model_len=512,
+    runner = ModelRunner(EngineConfig(model="(preloaded)", max_model_len=512,
                                       max_num_batched_tokens=64, max_num_seqs=4),
                          model=smollm2_model)
     assert runner.drafter is None
@@ -194,10 +194,10 @@ def test_the_profiling_step_runs_before_the_pool_and_the_drafter_exist(smollm2_m
 
 def test_a_draft_models_pool_is_counted_in_the_kv_space(smollm2_model, monkeypatch):
     """speculative_method draft: the draft model's pool has as many blocks as the
-    model's, so a block costs both pools' bytes and kv_cache_space_gib holds both."""
+    model's, so a block costs both pools' bytes and kv_cache_gib holds both."""
     monkeypatch.setattr("conveyor.engine.worker.model_runner.load_model",
                         lambda *_a, **_k: smollm2_model)
-    runner = ModelRunner(RunnerConfig(model="(preloaded)", kv_cache_space_gib=0.05,
+    runner = ModelRunner(EngineConfig(model="(preloaded)", kv_cache_gib=0.05,
                                       max_model_len=512, draft_model="(preloaded)"),
                          model=smollm2_model)
     assert runner.capacity.num_blocks == int(0.05 * 2**30) // (2 * 45 * 1024 * 16)

@@ -448,14 +448,14 @@ def test_greedy_batched_mixed_steps_match_transformers(native_model, make_driver
                                                         tokenizer):
     """The model on the native backend, prompts arriving over time under a token budget
     that mixes prefill chunks with decode tokens, sharing a prefix: transformers' greedy."""
+    from conveyor.engine.core.config import EngineConfig
     from conveyor.engine.worker.model_runner import ModelRunner
-    from conveyor.engine.worker.runner_config import RunnerConfig
 
     prefix = "The river town woke slowly. Bakers lit their ovens before dawn. " * 6
     texts = ["The capital of France is", "def fibonacci(n):\n    ", prefix + "Then",
              prefix + "Meanwhile", "1, 2, 3, 4, 5,"]
     prompts = {f"p{i}": tokenizer(text)["input_ids"] for i, text in enumerate(texts)}
-    runner = ModelRunner(RunnerConfig(model="(preloaded)", attention_backend="native",
+    runner = ModelRunner(EngineConfig(model="(preloaded)", attention_backend="native",
                                       block_size=16, num_blocks=256, max_model_len=1024,
                                       max_num_batched_tokens=512, max_num_seqs=16),
                          model=native_model)
@@ -477,8 +477,8 @@ def test_greedy_with_shared_prefix_blocks_matches_transformers(native_model, mak
     gives (the first request's prefill writes them, the others start past them): their
     decode steps take the cascade's shared groups (12 query rows a block, one thread, on
     auto where the CPU has AVX-512); greedy output is transformers'."""
+    from conveyor.engine.core.config import EngineConfig
     from conveyor.engine.worker.model_runner import ModelRunner
-    from conveyor.engine.worker.runner_config import RunnerConfig
 
     prefix = "The river town woke slowly. Bakers lit their ovens before dawn. " * 6
     prompts = [tokenizer(prefix + tail)["input_ids"]
@@ -488,7 +488,7 @@ def test_greedy_with_shared_prefix_blocks_matches_transformers(native_model, mak
     block_size = 16
     shared = common // block_size * block_size
     assert shared >= 4 * block_size
-    runner = ModelRunner(RunnerConfig(model="(preloaded)", attention_backend="native",
+    runner = ModelRunner(EngineConfig(model="(preloaded)", attention_backend="native",
                                       block_size=block_size, num_blocks=256, max_model_len=1024,
                                       max_num_batched_tokens=512, max_num_seqs=16),
                          model=native_model)
@@ -520,8 +520,8 @@ def test_greedy_over_an_fp16_pool_is_torch_over_the_same_pool(native_model, smol
     """kv_cache_dtype float16, prompts arriving over time with mixed steps and a shared
     prefix: the native kernels' greedy output is the torch backend's over the same fp16
     pool (both read the same rounded keys and values), token for token."""
+    from conveyor.engine.core.config import EngineConfig
     from conveyor.engine.worker.model_runner import ModelRunner
-    from conveyor.engine.worker.runner_config import RunnerConfig
 
     prefix = "The river town woke slowly. Bakers lit their ovens before dawn. " * 6
     texts = ["The capital of France is", "def fibonacci(n):\n    ", prefix + "Then",
@@ -529,7 +529,7 @@ def test_greedy_over_an_fp16_pool_is_torch_over_the_same_pool(native_model, smol
     prompts = {f"p{i}": tokenizer(text)["input_ids"] for i, text in enumerate(texts)}
     outputs = []
     for backend, model in (("native", native_model), ("torch", smollm2_model)):
-        runner = ModelRunner(RunnerConfig(model="(preloaded)", attention_backend=backend,
+        runner = ModelRunner(EngineConfig(model="(preloaded)", attention_backend=backend,
                                           kv_cache_dtype="float16", block_size=16,
                                           num_blocks=256, max_model_len=1024,
                                           max_num_batched_tokens=512, max_num_seqs=16),

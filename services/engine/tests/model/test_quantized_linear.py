@@ -306,14 +306,13 @@ def test_setting_names_the_variable() -> None:
 @pytest.mark.parametrize(("device", "dtype"), [("cuda", "bfloat16"), ("cuda", "float32"),
                                                ("cpu", "bfloat16")])
 def test_formats_need_the_cpu_in_float32(device: str, dtype: str) -> None:
+    from conveyor.engine.core.config import EngineConfig
     from conveyor.engine.engine_factory import _in_setting_names
-    from conveyor.engine.worker.runner_config import RunnerConfig
 
-    config = RunnerConfig(model="m", device=device, dtype=dtype, weight_format="q4_1")
     with pytest.raises(ValueError, match="kernels on the CPU in float32 only") as error:
-        config.validate()
+        EngineConfig(model="m", device=device, dtype=dtype, weight_format="q4_1")
     assert "change CONVEYOR_ENGINE_WEIGHT_FORMAT to fp32" in _in_setting_names(str(error.value))
-    RunnerConfig(model="m", device=device, dtype=dtype).validate()  # fp32 weights: fine
+    EngineConfig(model="m", device=device, dtype=dtype)  # fp32 weights: fine
 
 
 def test_speculative_settings_name_themselves() -> None:
@@ -333,18 +332,16 @@ def test_speculative_settings_name_themselves() -> None:
 def test_a_quantized_draft_model_runs_in_float32_on_the_cpu_only() -> None:
     """Beside a bfloat16 model the q4_1_int8 draft (speculative decoding) is float32, with
     its own float32 KV pool; on a GPU a draft model is refused, the setting named."""
+    from conveyor.engine.core.config import EngineConfig
     from conveyor.engine.engine_factory import _in_setting_names
-    from conveyor.engine.worker.runner_config import RunnerConfig
 
-    config = RunnerConfig(model="m", dtype="bfloat16", draft_model="m",
-                          draft_weight_format="q4_1_int8")
-    config.validate()
+    config = EngineConfig(model="m", dtype="bfloat16", draft_model="m",
+                          draft_weight_format="q4_1_int8")  # valid: it constructs
     assert config.draft_torch_dtype == config.draft_torch_kv_dtype == torch.float32
-    same = RunnerConfig(model="m", dtype="bfloat16", draft_model="m", draft_weight_format="fp32")
+    same = EngineConfig(model="m", dtype="bfloat16", draft_model="m", draft_weight_format="fp32")
     assert same.draft_torch_dtype == torch.bfloat16
-    on_gpu = RunnerConfig(model="m", device="cuda", dtype="bfloat16", draft_model="m")
     with pytest.raises(ValueError, match="CPU only") as error:
-        on_gpu.validate()
+        EngineConfig(model="m", device="cuda", dtype="bfloat16", draft_model="m")
     assert "change CONVEYOR_ENGINE_SPECULATIVE_METHOD to ngram" in \
         _in_setting_names(str(error.value))
 

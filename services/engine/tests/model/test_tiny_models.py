@@ -72,12 +72,12 @@ def test_config_reads_the_interesting_fields(tiny):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_greedy_generation_matches_transformers(tiny, backend, make_driver):
+    from conveyor.engine.core.config import EngineConfig
     from conveyor.engine.worker.model_runner import ModelRunner
-    from conveyor.engine.worker.runner_config import RunnerConfig
 
     _, folder, hf = tiny
     device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
-    runner = ModelRunner(RunnerConfig(model=str(folder), attention_backend=backend,
+    runner = ModelRunner(EngineConfig(model=str(folder), attention_backend=backend,
                                       device=device,
                                       block_size=4, num_blocks=64, max_model_len=64,
                                       max_num_batched_tokens=32, max_num_seqs=4))

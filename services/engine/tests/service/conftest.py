@@ -16,7 +16,7 @@ from conveyor.common.grpc_client import open_channel
 from conveyor.common.grpc_server import ServiceRegistration, start_grpc_server
 from conveyor.common.settings import ServiceSettings
 from conveyor.engine.async_engine import AsyncEngine
-from conveyor.engine.core.config import SchedulerConfig
+from conveyor.engine.core.config import EngineConfig
 from conveyor.engine.core.scheduler import Scheduler
 from conveyor.engine.core.scheduler_output import (
     ModelRunnerOutput,
@@ -108,7 +108,7 @@ def make_core(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 12
               max_num_batched_tokens: int = 64, max_num_seqs: int = 16,
               enable_prefix_caching: bool = True, grammars=None,
               grammar_compile_timeout_s: float = 10.0, **waiting_bounds) -> EngineCore:
-    config = SchedulerConfig(num_blocks=num_blocks, block_size=block_size,
+    config = EngineConfig(num_blocks=num_blocks, block_size=block_size,
                              max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                              max_num_batched_tokens=max_num_batched_tokens,
                              enable_prefix_caching=enable_prefix_caching, **waiting_bounds)

@@ -5,20 +5,20 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from conveyor.engine.engine_factory import _runner_config
+from conveyor.engine.engine_factory import engine_config
 from conveyor.engine.settings import EngineSettings
 
 
-def test_cuda_graph_settings_reach_the_runner_config(monkeypatch):
+def test_cuda_graph_settings_reach_theengine_config(monkeypatch):
     monkeypatch.setenv("CONVEYOR_ENGINE_CUDA_GRAPHS", "false")
     monkeypatch.setenv("CONVEYOR_ENGINE_CUDA_GRAPH_MAX_BATCH_SIZE", "32")
-    config = _runner_config(EngineSettings(device="cuda", attention_backend="triton"))
+    config = engine_config(EngineSettings(device="cuda", attention_backend="triton"))
     assert (config.cuda_graphs, config.cuda_graph_max_batch_size) == (False, 32)
     assert not config.uses_cuda_graphs
 
 
 def test_graphs_are_on_by_default_on_a_gpu():
-    config = _runner_config(EngineSettings(device="cuda", attention_backend="triton"))
+    config = engine_config(EngineSettings(device="cuda", attention_backend="triton"))
     assert config.uses_cuda_graphs and config.cuda_graph_max_batch_size == 256
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor.engine.core.errors import WaitingQueueFull
-from conveyor.engine.engine_factory import _scheduler_config
-from conveyor.engine.engine_info import EngineInfo
+from conveyor.engine.engine_factory import engine_config, resolved_config
 from conveyor.engine.engine_request import EngineRequest
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.settings import EngineSettings
@@ -75,10 +74,8 @@ def test_stats_report_the_bounds_and_the_waiting_tokens(support):
     assert (unbounded.max_num_waiting_seqs, unbounded.max_num_waiting_tokens) == (0, 0)
 
 
-def _info(max_model_len: int) -> EngineInfo:
-    return EngineInfo(model="m", max_model_len=max_model_len, block_size=16, num_blocks=4096,
-                      vocab_size=10, attention_backend="torch", dtype="float32",
-                      engine_id="e", eos_token_ids=())
+def _resolved(settings: EngineSettings, max_model_len: int):
+    return resolved_config(settings, engine_config(settings), max_model_len, num_blocks=4096)
 
 
 @pytest.mark.parametrize(("env", "max_model_len", "expected"), [
@@ -91,12 +88,12 @@ def _info(max_model_len: int) -> EngineInfo:
 def test_settings_reach_the_scheduler_config(monkeypatch, env, max_model_len, expected):
     for name, value in env.items():
         monkeypatch.setenv(f"CONVEYOR_ENGINE_{name}", value)
-    config = _scheduler_config(EngineSettings(), _info(max_model_len))
+    config = _resolved(EngineSettings(), max_model_len)
     assert (config.max_num_waiting_seqs, config.max_num_waiting_tokens) == expected
 
 
 def test_the_offline_llm_queues_every_prompt_unless_told_otherwise():
     from conveyor.engine.llm import UNBOUNDED_WAITING
 
-    config = _scheduler_config(EngineSettings(**UNBOUNDED_WAITING), _info(2048))
+    config = _resolved(EngineSettings(**UNBOUNDED_WAITING), 2048)
     assert (config.max_num_waiting_seqs, config.max_num_waiting_tokens) == (None, None)

@@ -27,8 +27,8 @@ class KVCacheTooSmall(ValueError):
     """The block pool cannot hold one max_model_len sequence; the message says what to change."""
 
 
-class InvalidSchedulerConfig(ValueError):
-    """A scheduler setting is out of range; the message names the setting."""
+class InvalidEngineConfig(ValueError):
+    """An engine setting is out of range; the message names the setting."""
 
 
 class WaitingQueueFull(Exception):

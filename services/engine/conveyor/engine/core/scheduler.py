@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from conveyor.engine.core.batch_builder import BatchBuilder
-from conveyor.engine.core.config import SchedulerConfig
+from conveyor.engine.core.config import EngineConfig
 from conveyor.engine.core.kv_block import KVCacheBlock
 from conveyor.engine.core.kv_cache_manager import KVCacheManager
 from conveyor.engine.core.preemption import any_below, pick_victim, victims_below
@@ -40,8 +40,8 @@ class Scheduler:
     arrival or pushes lower-priority waiting requests out to make room.
     """
 
-    def __init__(self, config: SchedulerConfig, eos_token_ids: Iterable[int] = ()) -> None:
-        config.validate()
+    def __init__(self, config: EngineConfig, eos_token_ids: Iterable[int] = ()) -> None:
+        config.validate(resolved=True)
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)

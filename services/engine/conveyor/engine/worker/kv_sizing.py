@@ -35,8 +35,8 @@ class KVCapacity:
         return self.num_blocks / self.blocks_per_max_len_sequence
 
 
-def num_blocks_for_cpu(kv_cache_space_gib: float, bytes_per_block: int) -> int:
-    return int(kv_cache_space_gib * GIB) // bytes_per_block
+def num_blocks_for_cpu(kv_cache_gib: float, bytes_per_block: int) -> int:
+    return int(kv_cache_gib * GIB) // bytes_per_block
 
 
 def num_blocks_for_gpu(*, total_bytes: int, memory_utilization: float, peak_torch_bytes: int,
@@ -52,7 +52,7 @@ def check_capacity(capacity: KVCapacity, *, device_is_cuda: bool) -> None:
     """Refuse to start unless one max_model_len sequence fits, naming what to change."""
     if capacity.num_blocks >= capacity.blocks_per_max_len_sequence:
         return
-    setting = "memory_utilization" if device_is_cuda else "kv_cache_space_gib"
+    setting = "memory_utilization" if device_is_cuda else "kv_cache_gib"
     raise ValueError(
         f"the KV pool holds {capacity.num_tokens} tokens ({capacity.num_blocks} blocks), less "
         f"than one sequence of max_model_len={capacity.max_model_len}; raise {setting} "

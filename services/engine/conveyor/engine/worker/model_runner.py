@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from conveyor.engine.core.config import EngineConfig
 from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from conveyor.engine.lora.lora_slots import LoraSlots
 from conveyor.engine.model.llama import LlamaForCausalLM
@@ -17,7 +18,6 @@ from conveyor.engine.worker.draft_proposer import DraftModelProposer
 from conveyor.engine.worker.kv_cache import allocate_kv_caches, kv_bytes_per_block
 from conveyor.engine.worker.profile_step import profiling_step
 from conveyor.engine.worker.prompt_logprobs import prompt_logprobs
-from conveyor.engine.worker.runner_config import RunnerConfig
 from conveyor.engine.worker.step_inputs import StepInputBuilder, StepInputs
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class ModelRunner:
     captured sizes replay CUDA graphs over the same input buffers (cuda_graphs.py).
     """
 
-    def __init__(self, config: RunnerConfig, eos_token_ids: tuple[int, ...] | None = None,
+    def __init__(self, config: EngineConfig, eos_token_ids: tuple[int, ...] | None = None,
                  model: LlamaForCausalLM | None = None) -> None:
         config.validate()
         self.config = config
@@ -157,7 +157,7 @@ class ModelRunner:
                                        config.block_size, config.draft_torch_kv_dtype,
                                        self.device)
         builder = StepInputBuilder(  # a catch-up pass may hold every drafting sequence
-            max_num_batched_tokens=self.max_model_len * config.draft_max_requests,
+            max_num_batched_tokens=self.max_model_len * config.speculative_max_running,
             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
             block_size=config.block_size, device=self.device)
         return DraftModelProposer(model, kv_caches, builder)
@@ -189,7 +189,7 @@ class ModelRunner:
         if self.config.num_blocks is not None:
             return self.config.num_blocks
         if not self.config.is_cuda:
-            return kv_sizing.num_blocks_for_cpu(self.config.kv_cache_space_gib, bytes_per_block)
+            return kv_sizing.num_blocks_for_cpu(self.config.kv_cache_gib, bytes_per_block)
         return self._num_blocks_by_profiling(bytes_per_block)
 
     def _num_blocks_by_profiling(self, bytes_per_block: int) -> int:
