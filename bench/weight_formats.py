@@ -75,7 +75,7 @@ def build_llm(weight_format: str, threads: int):
     FORMAT@REV (commit REV's block kernels) or FORMAT/avx2 (the AVX2 code path), and an
     fp16 KV pool: FORMAT+kv16."""
     from conveyor.engine import LLM
-    from conveyor.engine.model.quantized_linear import ISA_AVX2
+    from conveyor.engine.model.block_weights import ISA_AVX2
 
     weight_format, kv16, _ = weight_format.partition("+kv16")
     base, _, rev = weight_format.partition("@")
@@ -114,7 +114,7 @@ def kernels_at(rev: str):
     import tempfile
     from io import BytesIO
 
-    from conveyor.engine.model.quantized_linear import _CFLAGS_EXTRA
+    from conveyor.engine.model.block_weights import _CFLAGS_EXTRA
     from conveyor.engine.native import CPU_CFLAGS, load_extension
 
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", f"{rev}:{KERNEL_DIR}"],

@@ -36,21 +36,25 @@ class RandomStep:
                           self.value.to(device), self.kv_cache.to(device))
 
 
+def _shuffled_tables(seqs: list[tuple[int, int]], block_size: int,
+                     seed: int) -> tuple[list[list[int]], int]:
+    """Each request's block table, from a pool of their blocks and 3 more, shuffled."""
+    need = [math.ceil((cached + new) / block_size) for cached, new in seqs]
+    num_blocks = sum(need) + 3
+    free = list(range(num_blocks))
+    random.Random(seed).shuffle(free)
+    return [[free.pop() for _ in range(n)] for n in need], num_blocks
+
+
 def random_step(*, block_size: int, num_kv_heads: int, group: int, head_dim: int,
                 seqs: list[tuple[int, int]], seed: int = 0, dtype=torch.float32,
                 sliding_window: int | None = None, kv_dtype=None) -> RandomStep:
     """`seqs` lists (num_cached, num_new) per request. Blocks are handed out in a
     shuffled order so block tables are not contiguous; the pool's old context is random.
     kv_dtype: the pool's element type (None: dtype)."""
-    rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    need = [math.ceil((cached + new) / block_size) for cached, new in seqs]
-    num_blocks = sum(need) + 3
-    free = list(range(num_blocks))
-    rng.shuffle(free)
-    tables = [[free.pop() for _ in range(n)] for n in need]
-    width = max(need)
-    block_tables = torch.zeros(len(seqs), width, dtype=torch.int32)
+    tables, num_blocks = _shuffled_tables(seqs, block_size, seed)
+    block_tables = torch.zeros(len(seqs), max(map(len, tables)), dtype=torch.int32)
     slots, positions, owner, starts = [], [], [], [0]
     for row, ((cached, new), table) in enumerate(zip(seqs, tables, strict=True)):
         block_tables[row, :len(table)] = torch.tensor(table, dtype=torch.int32)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from conveyor.engine.model import block_weights as bw
 from conveyor.engine.model import quantized_linear as ql
-from conveyor.engine.model.cpu_linear import CpuLinear, onednn_packing_available
-from conveyor.engine.model.quantized_linear import (
+from conveyor.engine.model.block_weights import (
     BLOCK,
     FormatUnavailable,
     Fp16Weight,
@@ -19,9 +19,9 @@ from conveyor.engine.model.quantized_linear import (
     Q4_1Weight,
     Q8_0Int8Weight,
     Q8_0Weight,
-    QuantizedLinear,
-    quantize_linears,
 )
+from conveyor.engine.model.cpu_linear import CpuLinear, onednn_packing_available
+from conveyor.engine.model.quantized_linear import QuantizedLinear, quantize_linears
 
 TOLERANCE = 1e-5
 """Largest |kernel - reference| relative to the reference's largest |value| (fp32 sums of
@@ -31,7 +31,7 @@ a few hundred products against an fp64 reference)."""
 @pytest.fixture(scope="module")
 def kernels():
     try:
-        return ql.block_kernels()
+        return bw.block_kernels()
     except FormatUnavailable as exc:
         pytest.skip(f"block kernels unavailable here: {exc}")
 
@@ -40,10 +40,10 @@ def _relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
     return float((out.double() - reference).abs().max() / reference.abs().max())
 
 
-@pytest.fixture(params=[ql.ISA_AVX2, ql.ISA_AVX512], ids=["avx2", "avx512"])
+@pytest.fixture(params=[bw.ISA_AVX2, bw.ISA_AVX512], ids=["avx2", "avx512"])
 def isa(request, kernels) -> int:
     """Each code path of the block kernels (AVX-512 where this CPU has it)."""
-    if request.param == ql.ISA_AVX512 and not kernels.has_avx512():
+    if request.param == bw.ISA_AVX512 and not kernels.has_avx512():
         pytest.skip("this CPU lacks AVX-512")
     return request.param
 
@@ -64,7 +64,7 @@ def test_block_kernel_matches_dequantize_then_matmul(isa, weight_class, rows: in
 def test_a_row_computes_the_same_at_any_row_count(isa, weight_class) -> None:
     torch.manual_seed(0)
     weights = weight_class(torch.randn(40, 2080), isa=isa)
-    if weight_class in (Q8_0Int8Weight, Q4_1Int8Weight) and isa == ql.ISA_AVX512 \
+    if weight_class in (Q8_0Int8Weight, Q4_1Int8Weight) and isa == bw.ISA_AVX512 \
             and not weights._kernels.has_vnni():
         pytest.skip("this CPU lacks AVX-512 VNNI")
     x = torch.randn(9, 2080)
@@ -83,10 +83,10 @@ def _round_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rounded.reshape(x.shape), scale
 
 
-@pytest.fixture(params=[ql.ISA_AVX2, ql.ISA_AVX512], ids=["avx2", "avx512vnni"])
+@pytest.fixture(params=[bw.ISA_AVX2, bw.ISA_AVX512], ids=["avx2", "avx512vnni"])
 def int8_isa(request, kernels) -> int:
     """Each code path of the int8-activation kernels (VNNI where this CPU has it)."""
-    if request.param == ql.ISA_AVX512 and not kernels.has_vnni():
+    if request.param == bw.ISA_AVX512 and not kernels.has_vnni():
         pytest.skip("this CPU lacks AVX-512 VNNI")
     return request.param
 
@@ -150,9 +150,9 @@ def test_int8_code_paths_agree_bit_for_bit(kernels, weight_class) -> None:
         pytest.skip("this CPU lacks AVX-512 VNNI")
     torch.manual_seed(1)
     weights, x = weight_class(torch.randn(40, 2080)), torch.randn(6, 2080)
-    weights.isa = ql.ISA_AVX2
+    weights.isa = bw.ISA_AVX2
     avx2 = weights.matmul(x)
-    weights.isa = ql.ISA_AVX512
+    weights.isa = bw.ISA_AVX512
     assert torch.equal(weights.matmul(x), avx2)
 
 
@@ -175,8 +175,8 @@ def test_q4_1_int8_puts_the_vocabulary_projection_in_q8_0_int8(kernels) -> None:
 
 def test_auto_isa_takes_avx512_where_the_cpu_has_it(kernels) -> None:
     expected = "avx512" if kernels.has_avx512() else "avx2"
-    assert kernels.isa_name(ql.ISA_AUTO) == expected
-    assert kernels.isa_name(ql.ISA_AVX2) == "avx2"
+    assert kernels.isa_name(bw.ISA_AUTO) == expected
+    assert kernels.isa_name(bw.ISA_AVX2) == "avx2"
     with pytest.raises(RuntimeError, match="isa must be 0"):
         kernels.isa_name(3)
 
@@ -281,7 +281,7 @@ def test_missing_kernels_leave_fp32_with_a_warning(monkeypatch, caplog) -> None:
     def unavailable():
         raise FormatUnavailable("native extension did not build: no compiler")
 
-    monkeypatch.setattr(ql, "block_kernels", unavailable)
+    monkeypatch.setattr(bw, "block_kernels", unavailable)
     model = _Tiny()
     with caplog.at_level(logging.WARNING, logger=ql.__name__):
         assert quantize_linears(model, "q4_1") == "fp32"
@@ -346,7 +346,7 @@ def test_a_quantized_draft_model_runs_in_float32_on_the_cpu_only() -> None:
         _in_setting_names(str(error.value))
 
 
-@pytest.mark.parametrize("weight_class", [Q4_1Weight, ql.Q4_1Int8Weight])
+@pytest.mark.parametrize("weight_class", [Q4_1Weight, bw.Q4_1Int8Weight])
 def test_the_block_kernels_release_the_gil(kernels, wakeups_during, weight_class) -> None:
     """The engine's asyncio/gRPC thread runs while a quantized linear does."""
     weights, x = weight_class(torch.randn(8192, 4096)), torch.randn(4, 4096)

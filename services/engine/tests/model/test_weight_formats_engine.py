@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.engine.model.quantized_linear import FormatUnavailable, block_kernels
+from conveyor.engine.model.block_weights import FormatUnavailable, block_kernels
 
 pytestmark = pytest.mark.slow
 

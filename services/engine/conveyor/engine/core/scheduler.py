@@ -10,7 +10,11 @@ from conveyor.engine.core.kv_block import KVCacheBlock
 from conveyor.engine.core.kv_cache_manager import KVCacheManager
 from conveyor.engine.core.preemption import any_below, pick_victim, victims_below
 from conveyor.engine.core.request import FinishReason, Request, RequestStatus
-from conveyor.engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from conveyor.engine.core.scheduler_output import (
+    ModelRunnerOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 from conveyor.engine.core.scheduler_stats import SchedulerStats
 from conveyor.engine.core.stop_check import append_sampled
 from conveyor.engine.core.waiting_bounds import WaitingBounds
@@ -181,36 +185,42 @@ class Scheduler:
         deltas: list[RequestDelta] = []
         for scheduled in scheduler_output.scheduled:
             request = self.requests.get(scheduled.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
-                continue
-            error = runner_output.failures.get(request.request_id)
-            if error is not None:
-                self._finish(request, FinishReason.ABORT)
-                deltas.append(delta_of(request, [], error=error))
-                continue
-            _keep_prompt_logprobs(request, runner_output)
-            num_known = scheduled.num_scheduled_tokens - len(scheduled.draft_token_ids)
-            if not scheduled.needs_sample:
-                request.num_computed_tokens += num_known
-                self.kv.cache_computed_blocks(request)
-                continue
-            sampled = runner_output.sampled.get(request.request_id)
-            if not sampled:
-                raise ValueError(f"model runner returned no token for {request.request_id!r}")
-            new_tokens = append_sampled(request, sampled, len(scheduled.draft_token_ids),
-                                        self.eos_token_ids, self.config.max_model_len)
-            # The KV of the known tokens and of the drafts kept is computed; the last new
-            # token's is not, nor (ever) that of the drafts rejected.
-            request.num_computed_tokens += num_known + len(new_tokens) - 1
-            self.kv.cache_computed_blocks(request)
-            if request.finish_reason is not None:
-                self._finish(request, request.finish_reason)
-            elif scheduled.draft_token_ids:
-                self.kv.free_tail(request, request.num_tokens)
-            deltas.append(delta_of(request, new_tokens))
+            if request is not None and request.status is RequestStatus.RUNNING:
+                delta = self._update(request, scheduled, runner_output)
+                if delta is not None:
+                    deltas.append(delta)
         self._step_in_flight = False
         self._free_aborted()
         return deltas
+
+    def _update(self, request: Request, scheduled: ScheduledRequest,
+                runner_output: ModelRunnerOutput) -> RequestDelta | None:
+        """One running request's share of the step's output: its delta, or None after a
+        prefill chunk that sampled nothing."""
+        error = runner_output.failures.get(request.request_id)
+        if error is not None:
+            self._finish(request, FinishReason.ABORT)
+            return delta_of(request, [], error=error)
+        _keep_prompt_logprobs(request, runner_output)
+        num_known = scheduled.num_scheduled_tokens - len(scheduled.draft_token_ids)
+        if not scheduled.needs_sample:
+            request.num_computed_tokens += num_known
+            self.kv.cache_computed_blocks(request)
+            return None
+        sampled = runner_output.sampled.get(request.request_id)
+        if not sampled:
+            raise ValueError(f"model runner returned no token for {request.request_id!r}")
+        new_tokens = append_sampled(request, sampled, len(scheduled.draft_token_ids),
+                                    self.eos_token_ids, self.config.max_model_len)
+        # The KV of the known tokens and of the drafts kept is computed; the last new
+        # token's is not, nor (ever) that of the drafts rejected.
+        request.num_computed_tokens += num_known + len(new_tokens) - 1
+        self.kv.cache_computed_blocks(request)
+        if request.finish_reason is not None:
+            self._finish(request, request.finish_reason)
+        elif scheduled.draft_token_ids:
+            self.kv.free_tail(request, request.num_tokens)
+        return delta_of(request, new_tokens)
 
     def _schedule_running(self, batch: BatchBuilder) -> None:
         for request in list(self.running):

@@ -17,9 +17,9 @@ def _builds():
     """The loaders of the engine's extensions (one line per extension)."""
     from conveyor.engine.attention.native_kernel import load_decode_kernel
     from conveyor.engine.lora.lora_linear import load_lora_kernel
+    from conveyor.engine.model.block_weights import load_block_kernels
     from conveyor.engine.model.cpu_linear import load_gemv
     from conveyor.engine.model.fused_ops import load_fused_ops
-    from conveyor.engine.model.quantized_linear import load_block_kernels
 
     return [load_decode_kernel, load_fused_ops, load_block_kernels, load_gemv, load_lora_kernel]
 
