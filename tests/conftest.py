@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -180,13 +179,6 @@ class Launcher:
             if isinstance(result, BaseException):
                 raise result
         return processes
-
-    @staticmethod
-    def free_port() -> int:
-        """A loopback port free now (for a setting such as an engine's METRICS_PORT)."""
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return sock.getsockname()[1]
 
     def _start_engine(self, process: ServiceProcess) -> ServiceProcess | BaseException:
         try:

@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
 from conveyor.gateway.tenancy.tiers import build_tiers
+from devkit.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -35,17 +36,11 @@ BODY = {"model": "smollm2-135m-instruct", "max_tokens": 2, "temperature": 0,
 REDIS_TIMEOUT_S = 1.0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class RedisServer:
     """A redis-server process of this test's own, restartable on the same port."""
 
     def __init__(self, directory: Path):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._dir = directory
         self._process: subprocess.Popen | None = None

@@ -12,6 +12,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.ports import free_port
+
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
@@ -29,7 +31,7 @@ def _spec_decode_counts(metrics_port: int) -> tuple[float, float]:
 
 
 def test_a_copying_requests_drafts_reach_its_timeline_and_the_engines_metrics(launch, stack):
-    metrics_port = launch.free_port()
+    metrics_port = free_port()
     [engine] = launch.engines("engine-speculative", NUM_SPECULATIVE_TOKENS="4",
                               METRICS_PORT=str(metrics_port))
     gateway = launch.gateway("gateway-speculative",

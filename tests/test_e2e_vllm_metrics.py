@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.v1 import engine_pb2, engine_pb2_grpc
+from devkit.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,7 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def scraped(module_launch) -> dict:
     """The families of an engine's /metrics after two requests (length, then stop)."""
-    port = module_launch.free_port()
+    port = free_port()
     [engine] = module_launch.engines("vllm-metrics", METRICS_PORT=str(port))
 
     async def serve_two() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,14 +23,9 @@ import httpx
 
 from bench.peers.installs import llama_server_binary, peers_dir, vllm_python
 from bench.suite.targets import HttpTarget
+from devkit.ports import free_port
 
 MODEL = "smollm2-135m-instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PeerProcess:

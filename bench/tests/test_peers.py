@@ -10,7 +10,7 @@ import time
 import pytest
 
 from bench.peers import installs
-from bench.peers.servers import PeerProcess, free_port, llama_server_command, vllm_env
+from bench.peers.servers import PeerProcess, llama_server_command, vllm_env
 from bench.serving.client import RequestResult
 from bench.serving.metrics import calculate_metrics
 from bench.serving.workload import PromptMaker, load_prompt_maker
@@ -20,6 +20,7 @@ from bench.suite.peer_report import levers_rows, render_peers
 from bench.suite.peer_targets import check_peer_targets
 from bench.suite.profile import PEERS, PEERS_QUICK, Scenario
 from bench.suite.scenarios import run_system, scenario_requests
+from devkit.ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ are computed once per prompt, unbatched (no padding).
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -16,6 +15,7 @@ import pytest
 
 from conveyor.common.grpc_client import open_channel
 from conveyor.v1 import engine_pb2_grpc
+from devkit.ports import free_port
 from devkit.service_process import ServiceProcess
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -112,12 +112,6 @@ def hf_greedy(engine_test_support):
 
 def _eos_ids(value) -> list[int]:
     return list(value) if isinstance(value, list | tuple) else [value]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_engine(**settings: str) -> ServiceProcess:
