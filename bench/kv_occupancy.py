@@ -92,7 +92,7 @@ def _count(scheduler, totals: list[int], block_size: int, max_model_len: int) ->
         return
     totals[0] += 1
     totals[1] += sum(r.num_computed_tokens for r in running)
-    totals[2] += sum(len(scheduler.kv.block_table(r.request_id)) for r in running) * block_size
+    totals[2] += sum(len(scheduler.kv.block_table(r)) for r in running) * block_size
     totals[3] += sum(r.num_prompt_tokens + r.max_tokens for r in running)
     totals[4] += len(running) * max_model_len
 

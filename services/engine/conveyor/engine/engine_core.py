@@ -55,11 +55,9 @@ class EngineCore:
         self.grammar_compile_timeout_s = grammar_compile_timeout_s
         self.loras = loras
         """The LoRA adapters held in memory; None: this engine serves none (max_loras 0)."""
-        self._children: dict[str, dict[int, str]] = {}
-        """Caller request id -> sample index -> its unfinished scheduler request ids (held
-        ones included)."""
-        self._held_siblings: dict[str, list[Request]] = {}
-        """First sample's id -> samples 1..n-1, added once its prompt is cached."""
+        self._children: dict[str, dict[int, Request]] = {}
+        """Caller request id -> sample index -> its unfinished samples (held ones included:
+        a request holds the samples waiting on its prompt, `Request.held_samples`)."""
         self._awaiting_grammar: dict[str, Request] = {}
         """Queued scheduler requests whose grammar has not started yet, by id."""
         self.timer = StepTimer(on_iteration)
@@ -99,9 +97,9 @@ class EngineCore:
         self._ask_for_grammar(request, samples)
         first, rest = samples[0], samples[1:]
         shed = self._submit(first)
-        self._children[request.request_id] = {s.sample_index: s.request_id for s in samples}
+        self._children[request.request_id] = {s.sample_index: s for s in samples}
         if rest and self._shares_prompt_blocks:
-            self._held_siblings[first.request_id] = rest
+            first.held_samples = rest
         else:
             for sample in rest:
                 self._submit(sample)
@@ -111,7 +109,8 @@ class EngineCore:
         """The one check of a new request (the scheduler only asserts): neither its id nor
         its samples' ids in use (a held sample's included), a prompt, and prompt +
         max_tokens within max_model_len."""
-        in_use = set(self._children).union(*(c.values() for c in self._children.values()))
+        in_use = {*self._children, *(s.request_id for samples in self._children.values()
+                                     for s in samples.values())}
         if in_use.intersection([request.request_id, *(s.request_id for s in samples)]):
             raise DuplicateRequestId(f"request_id {request.request_id!r} is already running")
         if not request.prompt_token_ids:
@@ -176,10 +175,10 @@ class EngineCore:
     def abort(self, request_ids: Iterable[str]) -> None:
         """Drop the caller requests `request_ids` (unknown ids are ignored); frees their blocks."""
         for parent_id in request_ids:
-            for request_id in self._children.pop(parent_id, {}).values():
-                self._held_siblings.pop(request_id, None)
-                self._awaiting_grammar.pop(request_id, None)
-                self.scheduler.abort(request_id)  # False for a held sibling: never added
+            for sample in self._children.pop(parent_id, {}).values():
+                sample.held_samples = []
+                self._awaiting_grammar.pop(sample.request_id, None)
+                self.scheduler.abort(sample.request_id)  # False for a held one: never added
 
     def close(self) -> None:
         """Drop queued grammar compiles (one already running finishes in its thread)."""
@@ -232,10 +231,11 @@ class EngineCore:
     def _settle(self, delta: RequestDelta) -> None:
         """Forget a finished sample; a sample's first delta lets its held siblings in."""
         samples = self._children.get(delta.request_id, {})
-        request_id = samples.get(delta.index)
-        if request_id is None:
+        sample = samples.get(delta.index)
+        if sample is None:
             return
-        for sibling in self._held_siblings.pop(request_id, []):
+        held, sample.held_samples = sample.held_samples, []
+        for sibling in held:
             self._submit(sibling)
         if delta.finished:
             del samples[delta.index]
@@ -271,7 +271,8 @@ class EngineCore:
 
     @property
     def _num_held_siblings(self) -> int:
-        return sum(len(held) for held in self._held_siblings.values())
+        return sum(len(s.held_samples) for samples in self._children.values()
+                   for s in samples.values())
 
 
 def _adapter_names(requests: Iterable[Request]) -> tuple[str, ...]:

@@ -155,11 +155,11 @@ def check_invariants(scheduler: Scheduler) -> None:
     holders = [*scheduler.running, *scheduler._aborted_in_flight]
     expected = [0] * pool.num_blocks
     for request in holders:
-        table = kv.block_table(request.request_id)
+        table = kv.block_table(request)
         assert len(table) * kv.block_size >= request.num_computed_tokens
         for block_id in table:
             expected[block_id] += 1
-    assert len(kv._tables) == len(holders)
+    assert all(r.block_ids is None for r in scheduler.waiting)  # only holders hold blocks
     assert [block.ref_cnt for block in pool.blocks] == expected
     free_ids = set(pool.free_queue.block_ids())
     assert len(free_ids) == pool.num_free_blocks

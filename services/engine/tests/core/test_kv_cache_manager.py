@@ -45,7 +45,7 @@ def test_allocation_and_growth_one_block_at_a_time():
     for token, expected_new in [(1, []), (2, []), (3, [3]), (4, []), (5, []), (6, []), (7, [4])]:
         a.output_token_ids.append(token)
         assert compute(kv, a, 1) == expected_new
-    assert kv.block_table("a") == [0, 1, 2, 3, 4]
+    assert kv.block_table(a) == [0, 1, 2, 3, 4]
     assert ref_counts(kv) == [1] * 5 + [0] * 5
     assert kv.pool.free_queue.block_ids() == [5, 6, 7, 8, 9]
     assert kv.usage == 0.5
@@ -56,7 +56,7 @@ def test_free_returns_the_tail_block_first():
     a = req("a", PROMPT)
     compute(kv, a, 10)
     kv.free(a)
-    assert kv.block_table("a") == []
+    assert kv.block_table(a) == []
     assert ref_counts(kv) == [0] * 10
     assert kv.pool.free_queue.block_ids() == [3, 4, 5, 6, 7, 8, 9, 2, 1, 0]
     kv.free(a)  # no-op
@@ -85,7 +85,7 @@ def test_allocate_slots_returns_none_when_the_pool_cannot_and_changes_nothing():
     compute(kv, req("a", list(range(32))), 32)  # 8 blocks
     b = req("b", list(range(500, 512)))  # needs 3, 2 free
     assert kv.allocate_slots(b, 12) is None
-    assert kv.block_table("b") == [] and kv.num_free_blocks == 2
+    assert kv.block_table(b) == [] and kv.num_free_blocks == 2
     assert kv.allocate_slots(b, 8) is not None  # a first chunk fits
 
 
@@ -95,8 +95,8 @@ def test_prefix_hit_across_requests_shares_full_blocks():
     assert admit(kv, a) == 0
     b = req("b", PROMPT[:8] + [1, 2, 3, 4, 5])
     assert admit(kv, b) == 8
-    assert kv.block_table("a") == [0, 1, 2]
-    assert kv.block_table("b") == [0, 1, 3, 4]
+    assert kv.block_table(a) == [0, 1, 2]
+    assert kv.block_table(b) == [0, 1, 3, 4]
     assert ref_counts(kv)[:5] == [2, 2, 1, 1, 1]
     kv.free(a)
     assert ref_counts(kv)[:5] == [1, 1, 0, 1, 1]
@@ -111,7 +111,7 @@ def test_hit_on_free_cached_blocks_takes_them_out_of_the_free_queue():
     kv.free(a)
     b = req("b", PROMPT[:9])  # ends mid-block: 2 full blocks hit, 1 token to compute
     assert admit(kv, b) == 8
-    assert kv.block_table("b") == [0, 1, 3]
+    assert kv.block_table(b) == [0, 1, 3]
     assert ref_counts(kv)[:4] == [1, 1, 0, 1]
     assert kv.pool.free_queue.block_ids() == [4, 5, 6, 7, 8, 9, 2]
 
@@ -198,10 +198,10 @@ def test_slot_mapping_follows_the_block_table():
     compute(kv, a, 4)  # block 2
     compute(kv, req("y", list(range(4))), 4)  # block 3
     compute(kv, a, 6)  # blocks 4, 5
-    assert kv.block_table("a") == [2, 4, 5]
-    assert kv.slot_mapping("a", 3, 9) == [11, 16, 17, 18, 19, 20]
-    table = kv.block_table("a")
-    assert kv.slot_mapping("a", 0, 10) == [table[t // 4] * 4 + t % 4 for t in range(10)]
+    assert kv.block_table(a) == [2, 4, 5]
+    assert kv.slot_mapping(a, 3, 9) == [11, 16, 17, 18, 19, 20]
+    table = kv.block_table(a)
+    assert kv.slot_mapping(a, 0, 10) == [table[t // 4] * 4 + t % 4 for t in range(10)]
 
 
 def test_num_reclaimable_blocks_counts_unshared_blocks():
@@ -218,9 +218,10 @@ def test_worked_example_paged_vs_contiguous(prompt_lens):
     """The seeds' example: 2,000 tokens in 16-token blocks hold 2,016 slots; reserving
     max_len 2,048 contiguously per request would hold 6,144."""
     kv = KVCacheManager(num_blocks=200, block_size=16, enable_prefix_caching=False)
-    for i, n in enumerate(prompt_lens):
-        compute(kv, req(f"r{i}", list(range(n))), n)
-    tables = [kv.block_table(f"r{i}") for i in range(3)]
+    requests = [req(f"r{i}", list(range(n))) for i, n in enumerate(prompt_lens)]
+    for request, n in zip(requests, prompt_lens, strict=True):
+        compute(kv, request, n)
+    tables = [kv.block_table(request) for request in requests]
     assert [len(t) for t in tables] == [19, 69, 38]
     slots = sum(len(t) for t in tables) * 16
     assert (sum(prompt_lens), slots, 3 * 2048) == (2000, 2016, 6144)

@@ -27,7 +27,8 @@ def batch_of(output) -> dict[str, int]:
 def test_a_request_joins_at_the_next_step_and_leaves_in_the_step_it_finishes(support):
     sched = support.make_scheduler(num_blocks=10, block_size=4)
     runner = support.FakeRunner()
-    sched.add_request(support.make_request("a", range(6), max_tokens=2))
+    a = support.make_request("a", range(6), max_tokens=2)
+    sched.add_request(a)
     output, updates = support.step(sched, runner)
     assert batch_of(output) == {"a": 6} and output.block_size == 4
     assert [u.request_id for u in updates] == ["a"] and not updates[0].finished
@@ -38,7 +39,7 @@ def test_a_request_joins_at_the_next_step_and_leaves_in_the_step_it_finishes(sup
     assert updates[0].finish_reason is FinishReason.LENGTH
     assert updates[0].num_output_tokens == 2 and updates[0].num_prompt_tokens == 6
     assert sched.running == [sched.requests["b"]] and "a" not in sched.requests
-    assert sched.kv.block_table("a") == [] and sched.kv.num_free_blocks == 10 - 2
+    assert a.block_ids is None and sched.kv.num_free_blocks == 10 - 2
 
     output, _ = support.step(sched, runner)
     assert batch_of(output) == {"b": 1} and output.finished_request_ids == ["a"]
@@ -169,7 +170,7 @@ def test_pool_pressure_preempts_the_latest_admitted_request(support):
     assert batch_of(outputs[-1]) == {"a": 1, "b": 1}
     c = sched.requests["c"]
     assert c.status is RequestStatus.PREEMPTED and c.num_computed_tokens == 0
-    assert c.num_output_tokens == 5 and sched.kv.block_table("c") == []
+    assert c.num_output_tokens == 5 and c.block_ids is None
     sched.add_request(support.make_request("d", range(4), max_tokens=1))
     assert [r.request_id for r in sched.waiting] == ["c", "d"]
 
@@ -208,7 +209,7 @@ def test_resumed_request_hits_its_own_cached_blocks(support):
     outputs = [support.step(sched, runner)[0] for _ in range(6)]
     assert outputs[-1].preempted_request_ids == ["c"]
     # a took block 6; c freed 5 then 2 (tail first); b took 5; c's prompt block 2 survives.
-    assert sched.kv.block_table("a")[-1] == 6 and sched.kv.block_table("b")[-1] == 5
+    assert sched.requests["a"].block_ids[-1] == 6 and sched.requests["b"].block_ids[-1] == 5
     c = sched.requests["c"]
     hits, num_hit_tokens = sched.kv.get_computed_blocks(c)
     assert [block.block_id for block in hits] == [2] and num_hit_tokens == 4
@@ -244,15 +245,16 @@ def test_abort_a_running_request_between_steps_frees_blocks_at_once(support):
 def test_abort_during_a_step_frees_blocks_at_the_step_boundary(support):
     sched = support.make_scheduler(num_blocks=10, block_size=4)
     runner = support.FakeRunner()
-    sched.add_request(support.make_request("a", range(6)))
+    a = support.make_request("a", range(6))
+    sched.add_request(a)
     sched.add_request(support.make_request("b", range(6)))
     output = sched.schedule()
     assert sched.abort("a")
-    assert sched.kv.block_table("a") == [0, 1]  # the runner may still write them
+    assert a.block_ids == [0, 1]  # the runner may still write them
     support.check_invariants(sched)
     updates = sched.update_from_output(output, runner.execute(output))
     assert [u.request_id for u in updates] == ["b"]  # a's token is dropped
-    assert sched.kv.block_table("a") == [] and sched.kv.num_free_blocks == 8
+    assert a.block_ids is None and sched.kv.num_free_blocks == 8
     support.check_invariants(sched)
     assert sched.schedule().finished_request_ids == ["a"]
 

@@ -39,7 +39,7 @@ def run(support, num_speculative_tokens: int, requests, **config):
             entry[0].extend(update.new_token_ids)
             entry[1] = update.finish_reason
         for request in scheduler.running:  # rejected drafts' blocks are back in the pool
-            assert len(scheduler.kv.block_table(request.request_id)) <= -(-request.num_tokens // 4)
+            assert len(scheduler.kv.block_table(request)) <= -(-request.num_tokens // 4)
     return results, num_steps, scheduler, runner
 
 

@@ -85,12 +85,13 @@ def test_a_running_request_is_never_pushed_out_and_a_pushed_out_one_holds_no_blo
     sched.add_request(support.make_request("run", range(50, 54), max_tokens=8, priority=5))
     support.step(sched, runner)
     cached = dict(sched.kv.pool.cached_blocks)
-    sched.add_request(support.make_request("hit", [*range(8), 9], priority=3))
+    hit = support.make_request("hit", [*range(8), 9], priority=3)
+    sched.add_request(hit)
     free_before = sched.kv.pool.free_queue.block_ids()
     assert add(support, sched, "urgent", priority=0) == ["hit"]  # not "run", though lowest
     assert sched.running == [sched.requests["run"]] and waiting_ids(sched) == ["urgent"]
     assert sched.kv.pool.free_queue.block_ids() == free_before
-    assert sched.kv.pool.cached_blocks == cached and sched.kv.block_table("hit") == []
+    assert sched.kv.pool.cached_blocks == cached and hit.block_ids is None
     results = support.run_until_done(sched, runner)
     assert set(results) == {"run", "urgent"} and sched.kv.num_free_blocks == 10
 

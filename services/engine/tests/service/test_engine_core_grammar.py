@@ -60,7 +60,7 @@ def assert_nothing_left(core) -> None:
     stats = core.stats()
     assert not core.has_unfinished_requests and not core.scheduler.requests
     assert stats.num_waiting == 0 and stats.num_free_blocks == stats.num_blocks
-    assert not core._awaiting_grammar and not core._held_siblings
+    assert not core._awaiting_grammar and core._num_held_siblings == 0
 
 
 def test_a_request_waits_for_its_grammar_while_others_run(support, grammars):

@@ -33,7 +33,7 @@ def test_a_pushed_out_request_is_returned_with_its_error_and_forgotten(support):
     assert str(error) == ("pushed out by a higher-priority request: the engine's waiting queue "
                           "is full (1 requests / unlimited tokens); retry later")
     assert core.unfinished_request_ids == ["run", "high"]
-    assert not core._held_siblings and set(core.scheduler.requests) == {"run", "high"}
+    assert core._num_held_siblings == 0 and set(core.scheduler.requests) == {"run", "high"}
     assert set(core.scheduler.requests) == {"run", "high"}
     assert _finished(support.run_to_completion(core)) == {"run", "high"}
     stats = core.stats()
@@ -46,7 +46,7 @@ def test_a_refused_request_leaves_nothing_behind(support):
     core.add_request(_request("a", [1, 2, 3]))
     with pytest.raises(WaitingQueueFull):
         core.add_request(_request("b", [4, 5, 6], n=3))
-    assert core.unfinished_request_ids == ["a"] and not core._held_siblings
+    assert core.unfinished_request_ids == ["a"] and core._num_held_siblings == 0
     assert list(core.add_request(_request("b", [4, 5, 6], priority=-1))) == ["a"]
     assert core.unfinished_request_ids == ["b"]  # b's id was free again
 

@@ -37,8 +37,8 @@ class BatchBuilder:
             request_id=request.request_id,
             token_ids=request.token_ids_in(start, end),
             num_computed_tokens=start,
-            block_table=self.kv.block_table(request.request_id),
-            slot_mapping=self.kv.slot_mapping(request.request_id, start, end),
+            block_table=self.kv.block_table(request),
+            slot_mapping=self.kv.slot_mapping(request, start, end),
             needs_sample=end == request.num_tokens,
             sampling_params=request.sampling_params,
             prompt_token_ids=request.prompt_token_ids,
@@ -57,7 +57,7 @@ class BatchBuilder:
         scheduled = self._scheduled[request.request_id]
         end = scheduled.seq_len
         scheduled.token_ids = scheduled.token_ids + drafts
-        scheduled.slot_mapping += self.kv.slot_mapping(request.request_id, end, end + num_slots)
+        scheduled.slot_mapping += self.kv.slot_mapping(request, end, end + num_slots)
         scheduled.draft_token_ids = drafts
         scheduled.num_draft_slots = 0 if drafts else num_slots
         self.token_budget -= num_slots

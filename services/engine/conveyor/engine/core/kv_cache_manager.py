@@ -1,4 +1,5 @@
-"""Per-request block tables over the block pool, with prefix-cache lookups and caching."""
+"""Block tables over the block pool, with prefix-cache lookups and caching. Each request
+owns its table (`Request.block_ids`); the manager allocates, caches and frees its blocks."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from conveyor.engine.core.request import Request
 class KVCacheManager:
     """Which blocks hold each request's KV, and which full blocks other requests may share.
 
-    A request's block table lists block ids in position order: position p lives in
-    slot `table[p // block_size] * block_size + p % block_size`. Invariants: a
-    table covers at least the request's `num_computed_tokens`; every block in a
-    table holds one reference per table that lists it; only full blocks whose KV
-    has been computed are entered in the prefix cache (`cache_computed_blocks`).
+    A request's block table (`request.block_ids`, None while it holds no blocks) lists
+    block ids in position order: position p lives in slot `table[p // block_size] *
+    block_size + p % block_size`. Invariants: a table covers at least the request's
+    `num_computed_tokens`; every block in a table holds one reference per table that lists
+    it; only full blocks whose KV has been computed are entered in the prefix cache
+    (`cache_computed_blocks`; `request.num_cached_blocks` of its table are).
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True):
@@ -27,8 +29,6 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self._tables: dict[str, list[int]] = {}
-        self._num_cached_blocks: dict[str, int] = {}
         self.num_prefix_query_tokens = 0
         """Tokens of admitted requests looked up in the prefix cache."""
         self.num_prefix_hit_tokens = 0
@@ -46,9 +46,10 @@ class KVCacheManager:
     def prefix_hit_rate(self) -> float:
         return self.num_prefix_hit_tokens / max(self.num_prefix_query_tokens, 1)
 
-    def block_table(self, request_id: str) -> list[int]:
+    @staticmethod
+    def block_table(request: Request) -> list[int]:
         """The request's block ids (the live list: it grows as the request does); [] if none."""
-        return self._tables.get(request_id, [])
+        return request.block_ids if request.block_ids is not None else []
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of the request in full blocks, and its length in tokens.
@@ -93,7 +94,7 @@ class KVCacheManager:
         num_free_hits = sum(1 for block in computed_blocks if block.ref_cnt == 0)
         if num_new_blocks + num_free_hits > self.pool.num_free_blocks:
             return None
-        table = self._tables.get(request.request_id)
+        table = request.block_ids
         if table is None:
             table = self._start_table(request, computed_blocks)
         if num_new_blocks == 0:
@@ -107,29 +108,28 @@ class KVCacheManager:
         (prompt blocks and blocks filled by decode tokens alike). Call after each step."""
         if not self.enable_prefix_caching:
             return
-        first = self._num_cached_blocks[request.request_id]
+        first = request.num_cached_blocks
         last = request.num_computed_tokens // self.block_size
         if last <= first:
             return
         self._extend_block_hashes(request, last)
-        table = self._tables[request.request_id]
+        table = request.block_ids
         for index in range(first, last):
             key = self._block_key(request, index)
             self.pool.cache_block(self.pool.blocks[table[index]], request.block_hashes[index], key)
-        self._num_cached_blocks[request.request_id] = last
+        request.num_cached_blocks = last
 
     def free(self, request: Request) -> None:
         """Return the request's blocks to the pool, tail block first (evicted first).
         A no-op for a request that holds none."""
-        table = self._tables.pop(request.request_id, None)
-        self._num_cached_blocks.pop(request.request_id, None)
+        table, request.block_ids, request.num_cached_blocks = request.block_ids, None, 0
         if table is not None:
             self.pool.free(self.pool.blocks[block_id] for block_id in reversed(table))
 
     def free_tail(self, request: Request, num_tokens: int) -> None:
         """Return the request's blocks past those its first `num_tokens` positions need
         (they hold only rejected drafts' KV, never cached), last block first."""
-        table = self._tables[request.request_id]
+        table = request.block_ids
         keep = -(-num_tokens // self.block_size)
         if len(table) > keep:
             self.pool.free(self.pool.blocks[block_id] for block_id in reversed(table[keep:]))
@@ -140,12 +140,12 @@ class KVCacheManager:
         (blocks shared with other tables stay in use)."""
         kept = {block.block_id for block in keep}
         blocks = self.pool.blocks
-        table = self._tables.get(request.request_id, ())
+        table = request.block_ids or ()
         return sum(1 for i in table if blocks[i].ref_cnt == 1 and i not in kept)
 
-    def slot_mapping(self, request_id: str, start: int, end: int) -> list[int]:
+    def slot_mapping(self, request: Request, start: int, end: int) -> list[int]:
         """KV slots of positions start .. end - 1, built one block-sized run at a time."""
-        table = self._tables[request_id]
+        table = request.block_ids
         size = self.block_size
         slots: list[int] = []
         position = start
@@ -162,14 +162,13 @@ class KVCacheManager:
     ) -> int:
         num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
         num_needed = -(-(num_computed + num_new_tokens) // self.block_size)
-        num_held = len(self._tables.get(request.request_id, ())) + len(computed_blocks)
+        num_held = len(request.block_ids or ()) + len(computed_blocks)
         return max(num_needed - num_held, 0)
 
     def _start_table(self, request: Request, computed_blocks: Sequence[KVCacheBlock]) -> list[int]:
         self.pool.touch(computed_blocks)
         table = [block.block_id for block in computed_blocks]
-        self._tables[request.request_id] = table
-        self._num_cached_blocks[request.request_id] = len(computed_blocks)
+        request.block_ids, request.num_cached_blocks = table, len(computed_blocks)
         if self.enable_prefix_caching:
             self.num_prefix_query_tokens += request.num_tokens
             self.num_prefix_hit_tokens += len(computed_blocks) * self.block_size

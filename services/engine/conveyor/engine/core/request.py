@@ -73,10 +73,18 @@ class Request:
     """Queued past the waiting bounds and never shed: a later sample of an n > 1 request
     whose first sample was admitted."""
     block_hashes: list[bytes] = field(default_factory=list)
+    block_ids: list[int] | None = None
+    """Its block table (KVCacheManager fills and frees it): block ids in position order;
+    None while it holds no blocks."""
+    num_cached_blocks: int = 0
+    """Of its table's leading full blocks, how many are entered in the prefix cache."""
     parent_id: str | None = None
     """The caller's request id when it is not `request_id`: sample `sample_index` of an
     n > 1 request runs as its own scheduler request."""
     sample_index: int = 0
+    held_samples: list[Request] = field(default_factory=list)
+    """Samples 1..n-1 of its caller request, held until this one (sample 0) has computed the
+    prompt they share (EngineCore submits them on its first delta), with the prefix cache on."""
     timing: RequestTiming = field(default_factory=lambda: RequestTiming(time.monotonic()))
     """When things happened to it (EngineCore writes it; its trace spans are cut from it)."""
     num_draft_tokens: int = 0
