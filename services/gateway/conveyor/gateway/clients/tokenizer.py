@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from conveyor.common.replica_set import ReplicaSet
-from conveyor.gateway.clients.upstream import UpstreamError, translate_rpc_errors
+from conveyor.gateway.clients.upstream import translate_rpc_errors
 from conveyor.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
 # -- records -----------------------------------------------------------------------------
@@ -99,15 +99,6 @@ class TokenizerClient:
         reply = await self._call("Decode", decode_request(token_ids, skip_special_tokens))
         return reply.text
 
-    async def decode_each(self, token_ids: list[int]) -> list[str]:
-        """The text of each id alone (special tokens kept), in one call."""
-        reply = await self._call("Decode", decode_request(token_ids, False, each_token=True))
-        texts = list(reply.token_texts)
-        if len(texts) != len(token_ids):
-            raise UpstreamError("tokenizer", "INTERNAL", f"Decode gave {len(texts)} texts for "
-                                f"{len(token_ids)} token ids")
-        return texts
-
     async def info(self) -> TokenizerFacts:
         return tokenizer_facts(
             await self._call("Info", tokenizer_pb2.TokenizerInfoRequest()))
@@ -174,10 +165,8 @@ def prompt_tokens(message: tokenizer_pb2.TokenizeResponse) -> PromptTokens:
     )
 
 
-def decode_request(token_ids: list[int], skip_special_tokens: bool,
-                   each_token: bool = False) -> tokenizer_pb2.DecodeRequest:
-    return tokenizer_pb2.DecodeRequest(token_ids=token_ids, skip_special_tokens=skip_special_tokens,
-                                       each_token=each_token)
+def decode_request(token_ids: list[int], skip_special_tokens: bool) -> tokenizer_pb2.DecodeRequest:
+    return tokenizer_pb2.DecodeRequest(token_ids=token_ids, skip_special_tokens=skip_special_tokens)
 
 
 def tokenizer_facts(message: tokenizer_pb2.TokenizerInfo) -> TokenizerFacts:
