@@ -75,6 +75,13 @@ async def test_a_static_engine_is_listed_with_the_block_size_and_max_model_len_o
     assert (entry.block_size, entry.max_model_len) == (32, 64)
 
 
+async def test_an_info_without_a_block_size_hints_in_the_default_not_zero():
+    """An Info that leaves block_size unset (0 on the wire) must not divide prefix hints
+    by zero (a 500 for any prompt)."""
+    [entry] = await static_entries(FakeEngine("e", BUSY, block_size=0))
+    assert entry.block_size == 16
+
+
 @pytest.mark.parametrize("path", ["registry", "static"])
 async def test_the_router_avoids_a_full_engine_on_either_path(redis, prefix, path):
     registry = EngineRegistry(redis, prefix=prefix)

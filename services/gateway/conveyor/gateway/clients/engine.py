@@ -10,7 +10,7 @@ from enum import Enum
 
 import grpc
 
-from conveyor.common.engine_registry import EngineLoad
+from conveyor.common.engine_registry import DEFAULT_BLOCK_SIZE, EngineLoad
 from conveyor.common.grpc_client import DEFAULT_KEEPALIVE, Channels, Keepalive
 from conveyor.common.sampling_fields import sample_seed
 from conveyor.gateway.clients.upstream import translate_rpc_errors
@@ -281,5 +281,6 @@ def position_logprobs(message: engine_pb2.PositionLogprobs) -> PositionLogprobs:
 def engine_facts(message: engine_pb2.EngineInfo) -> EngineFacts:
     return EngineFacts(
         model=message.model, max_model_len=message.max_model_len, engine_id=message.engine_id,
-        max_loras=message.max_loras, block_size=message.block_size,
+        max_loras=message.max_loras,
+        block_size=message.block_size or DEFAULT_BLOCK_SIZE,  # 0: an Info without it
     )
