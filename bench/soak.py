@@ -150,8 +150,7 @@ def start_stack(stack: ExitStack, log_dir: Path, prefix: str) -> Stack:
             "CONVEYOR_ENGINE_MAX_MODEL_LEN": "2048", "CONVEYOR_ENGINE_ENGINE_ID": "soak-engine",
             "CONVEYOR_ENGINE_REDIS_URL": REDIS_URL, "CONVEYOR_ENGINE_REDIS_PREFIX": prefix})
 
-    tokenizer = run("conveyor.tokenizer", {"CONVEYOR_TOKENIZER_PORT": "0",
-                                           "CONVEYOR_TOKENIZER_MAX_MODEL_LEN": "2048"})
+    tokenizer = run("conveyor.tokenizer", {"CONVEYOR_TOKENIZER_PORT": "0"})
     engine = start_engine()
     detok = run("conveyor.detok", {"CONVEYOR_DETOK_PORT": "0"})
     gateway = run("conveyor.gateway", {
