@@ -37,7 +37,7 @@ class StepTimer:
     def scheduled(self, batch: SchedulerOutput, requests: Mapping[str, Request]) -> None:
         """Note preemptions, first schedules (queue time) and open the prefill chunks."""
         now = time.monotonic()
-        self._iteration = IterationStats(num_scheduled_tokens=batch.num_batched_tokens)
+        self._iteration = IterationStats()
         for request_id in batch.preempted_request_ids:
             if request_id in requests:
                 requests[request_id].timing.preemption_times.append(now)

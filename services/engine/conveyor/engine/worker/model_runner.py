@@ -37,8 +37,7 @@ class ModelRunner:
 
     def __init__(self, config: EngineConfig, eos_token_ids: tuple[int, ...] | None = None,
                  model: LlamaForCausalLM | None = None) -> None:
-        config.validate()
-        self.config = config
+        self.config = config  # frozen and checked when it was made
         self.device = torch.device(config.device)
         self.model = model or load_model(config.model, dtype=config.torch_dtype,
                                          device=self.device,
