@@ -66,12 +66,11 @@ def run_flops(config: dict, prompt_tokens: int, output_tokens: int) -> float:
 
 def engine_run(llm, concurrency: int, num_requests: int, seed: int = 0) -> dict:
     """Closed loop at `concurrency` over random-token prompts; metrics as a dict."""
-    from bench.engine_step_bench import random_prompts
     from bench.inprocess_engine import run_inprocess
-    from bench.serving.workload import BenchRequest
+    from bench.serving.workload import load_prompt_maker
 
-    prompts = random_prompts(num_requests, PROMPT_LEN, seed=1000 * concurrency + seed)
-    requests = [BenchRequest(p, PROMPT_LEN, OUTPUT_LEN) for p in prompts]
+    maker = load_prompt_maker(seed=1000 * concurrency + seed)
+    requests = maker.random_requests(num_requests, PROMPT_LEN, OUTPUT_LEN, as_ids=True)
     metrics, _ = run_inprocess(llm, requests, concurrency)
     return metrics.as_dict()
 

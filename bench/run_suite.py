@@ -222,8 +222,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_peers(args: argparse.Namespace, suite: Suite, img_dir: Path, command: str) -> dict:
     """The peer comparison; its results as bench_peers.json's content."""
     from bench.peers.installs import versions
+    from bench.serving.workload import PEERS, PEERS_QUICK
     from bench.suite.peer_comparison import CONVEYOR_ENV, Variant, build_systems, run_comparison
-    from bench.suite.profile import PEERS, PEERS_QUICK
 
     profile = PEERS_QUICK if args.quick else PEERS
     variants = [Variant.parse(v) for v in args.conveyor_variant]

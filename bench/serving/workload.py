@@ -93,3 +93,80 @@ def load_prompt_maker(model: str = "smollm2-135m-instruct", seed: int = 0) -> Pr
     from conveyor.common.models import load_tokenizer, resolve_model
 
     return PromptMaker(load_tokenizer(resolve_model(model)), seed)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One workload of the peer comparison, run the same way against every system."""
+
+    name: str
+    concurrency: int
+    num_requests: int
+    prefix_len: int = 0
+    """Tokens of one system prompt shared by every request, before its own input_len tokens."""
+    mixed: bool = False
+    """Input and output lengths log-uniform in the profile's mixed ranges, EOS allowed (else
+    input_len in, exactly output_len out, ignore_eos)."""
+
+    @property
+    def ignore_eos(self) -> bool:
+        return not self.mixed
+
+
+@dataclass(frozen=True, slots=True)
+class PeerProfile:
+    """Sizes of the peer comparison (`run_suite.py --peers`)."""
+
+    name: str
+    input_len: int
+    output_len: int
+    scenarios: tuple[Scenario, ...]
+    mixed_input: tuple[int, int]
+    mixed_output: tuple[int, int]
+    system_budget_s: float
+    """A system starts no new scenario after this long (the rest are reported as skipped)."""
+    scenario_duration_s: float
+    """No new request of a scenario starts after this long (those in flight finish and count:
+    a slow server completes fewer requests rather than running for many minutes)."""
+    variant_scenarios: tuple[str, ...]
+    """What Conveyor runs with an opt-in setting (e.g. a weight format): an extra row."""
+    hf_scenarios: tuple[str, ...]
+    """What the transformers static-batching baseline runs (it has no prefix cache)."""
+
+    def scenario(self, name: str) -> Scenario:
+        return next(s for s in self.scenarios if s.name == name)
+
+
+PEERS = PeerProfile(
+    name="peers", input_len=256, output_len=64,
+    scenarios=(Scenario("c1", 1, 4), Scenario("c16", 16, 64),
+               Scenario("c16-prefix", 16, 64, prefix_len=512),
+               Scenario("mixed", 16, 64, mixed=True), Scenario("c64", 64, 128),
+               Scenario("c64-prefix", 64, 128, prefix_len=512)),
+    mixed_input=(16, 1024), mixed_output=(8, 160), system_budget_s=480.0,
+    scenario_duration_s=120.0,
+    variant_scenarios=("c1", "c16", "c16-prefix"), hf_scenarios=("c1", "c16", "mixed"),
+)
+
+PEERS_QUICK = PeerProfile(
+    name="peers-quick", input_len=64, output_len=8,
+    scenarios=(Scenario("c1", 1, 2), Scenario("c16", 16, 16),
+               Scenario("c16-prefix", 16, 16, prefix_len=128),
+               Scenario("mixed", 16, 16, mixed=True)),
+    mixed_input=(8, 256), mixed_output=(2, 32), system_budget_s=90.0,
+    scenario_duration_s=30.0,
+    variant_scenarios=("c1", "c16"), hf_scenarios=("c1", "c16", "mixed"),
+)
+
+
+def scenario_requests(maker: PromptMaker, profile: PeerProfile, scenario: Scenario,
+                      seed: int) -> list[BenchRequest]:
+    """The warm-up request followed by the `num_requests` measured ones."""
+    seeded = PromptMaker(maker.tokenizer, seed)
+    num = scenario.num_requests + 1
+    if scenario.mixed:
+        return seeded.mixed_requests(num, profile.mixed_input, profile.mixed_output)
+    if scenario.prefix_len:
+        return seeded.shared_prefix_requests(num, scenario.prefix_len, profile.input_len,
+                                             profile.output_len)
+    return seeded.random_requests(num, profile.input_len, profile.output_len)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.peers.installs import missing_reason
+from bench.serving.workload import PeerProfile
 from bench.suite import machine_probe
-from bench.suite.profile import PeerProfile
 from bench.suite.scenarios import run_system
 
 

@@ -11,23 +11,14 @@ from __future__ import annotations
 import time
 
 from bench.serving.metrics import format_metrics
-from bench.serving.workload import BenchRequest, PromptMaker
+from bench.serving.workload import (
+    BenchRequest,
+    PeerProfile,
+    PromptMaker,
+    Scenario,
+    scenario_requests,
+)
 from bench.suite import cpu_time
-from bench.suite.profile import PeerProfile, Scenario
-
-
-def scenario_requests(maker: PromptMaker, profile: PeerProfile, scenario: Scenario,
-                      seed: int) -> list[BenchRequest]:
-    """The warm-up request followed by the `num_requests` measured ones."""
-    seeded = PromptMaker(maker.tokenizer, seed)
-    num = scenario.num_requests + 1
-    if scenario.mixed:
-        return seeded.mixed_requests(num, profile.mixed_input, profile.mixed_output)
-    if scenario.prefix_len:
-        return seeded.shared_prefix_requests(num, scenario.prefix_len, profile.input_len,
-                                             profile.output_len)
-    return seeded.random_requests(num, profile.input_len, profile.output_len)
-
 
 DISTURBED_CORES = 0.15
 """Other processes' CPU over a scenario's duration, in cores, past which its figures are

@@ -10,7 +10,6 @@ import contextlib
 import gc
 import importlib.util
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -52,12 +51,13 @@ class InProcessTarget:
     llm: object
 
     def run(self, requests: list[BenchRequest], concurrency: int, num_warmup: int = 1,
-            duration_s: float | None = None) -> tuple[BenchmarkMetrics, list[RequestResult]]:
+            duration_s: float | None = None, ignore_eos: bool = True
+            ) -> tuple[BenchmarkMetrics, list[RequestResult]]:
         from bench.inprocess_engine import run_inprocess
 
         if num_warmup:
-            run_inprocess(self.llm, requests[:num_warmup], 1)
-        return run_inprocess(self.llm, requests, concurrency, duration_s=duration_s)
+            run_inprocess(self.llm, requests[:num_warmup], 1, ignore_eos)
+        return run_inprocess(self.llm, requests, concurrency, ignore_eos, duration_s=duration_s)
 
 
 def conveyor_installed() -> list[str]:
@@ -73,60 +73,31 @@ def _service(module: str, env: dict[str, str], log_dir: Path):
     return ServiceProcess(module, env=env, name=name, log_path=log_dir / f"{name}.log")
 
 
-def _torch_free_env() -> dict[str, str]:
-    """The tokenizer and detok run without torch, as their containers do."""
-    from devkit.service_process import without_torch_env
+def conveyor_spec(log_dir: Path, engine_env: dict[str, str] | None = None,
+                  timeout_s: float = 600):
+    """The benchmarked pipeline: tokenizer and detok without torch, as their containers run;
+    Redis keys of this run only, so no other stack's engines or bindings are seen; auth off
+    (the anonymous tenant's tier is unlimited, so no quota limits the benchmark) unless
+    BENCH_API_KEY is set, which is then sent instead. `engine_env`: the engine's own
+    environment over all of it."""
+    from devkit.stack import StackSpec
 
-    return without_torch_env()
-
-
-def ensure_redis() -> None:
-    """The gateway keeps quotas and routing in Redis: use the running one or start it."""
-    subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "ensure_redis.py")], check=True)
-
-
-def gateway_bench_env() -> dict[str, str]:
-    """Auth off (the anonymous tenant's tier is unlimited) and Redis keys of this run only,
-    so no quota limits the benchmark and no other stack's engines or bindings are seen.
-    With BENCH_API_KEY set, auth stays on and that key is sent instead."""
-    env = {"CONVEYOR_GATEWAY_REDIS_PREFIX": f"conveyor-bench-{os.getpid()}",
-           "CONVEYOR_ENGINE_REDIS_PREFIX": f"conveyor-bench-{os.getpid()}"}
-    if not os.environ.get("BENCH_API_KEY"):
-        env["CONVEYOR_GATEWAY_AUTH_ENABLED"] = "false"
-    return env
+    return StackSpec(log_dir, torch_free=True, redis_prefix=f"conveyor-bench-{os.getpid()}",
+                     gateway={"AUTH_ENABLED": "true"} if os.environ.get("BENCH_API_KEY") else {},
+                     service_env={"engine": engine_env or {}}, timeout_s=timeout_s)
 
 
 @contextlib.contextmanager
 def conveyor_pipeline(log_dir: Path, engine_env: dict[str, str] | None = None,
                       timeout_s: float = 600, name: str = "conveyor") -> Iterator[HttpTarget]:
-    """Tokenizer, engine, detok and gateway as processes on free ports; stopped on exit."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    ensure_redis()
-    shared = gateway_bench_env()
-    started = []
-    try:
-        tokenizer = _service("conveyor.tokenizer", {"CONVEYOR_TOKENIZER_PORT": "0",
-                                                    **_torch_free_env()}, log_dir)
-        engine = _service("conveyor.engine", {"CONVEYOR_ENGINE_PORT": "0",
-                                              "CONVEYOR_ENGINE_METRICS_PORT": "0",
-                                              **shared, **(engine_env or {})}, log_dir)
-        detok = _service("conveyor.detok", {"CONVEYOR_DETOK_PORT": "0", **_torch_free_env()},
-                         log_dir)
-        for process in (tokenizer, engine, detok):
-            started.append(process.start(timeout_s))
-        gateway = _service("conveyor.gateway", {
-            "CONVEYOR_GATEWAY_PORT": "0",
-            "CONVEYOR_GATEWAY_TOKENIZER_ADDRESS": tokenizer.address,
-            "CONVEYOR_GATEWAY_ENGINE_ADDRESSES": engine.address,
-            "CONVEYOR_GATEWAY_DETOK_ADDRESS": detok.address, **shared,
-        }, log_dir)
-        started.append(gateway.start(timeout_s))
-        yield HttpTarget(name, f"http://127.0.0.1:{gateway.port}",
-                         os.environ.get("BENCH_API_KEY"),
-                         pids={p.name: p.pid for p in (tokenizer, engine, detok, gateway)})
-    finally:
-        for process in reversed(started):
-            process.stop()
+    """Tokenizer, engine, detok and gateway as processes on free ports (devkit/stack.py,
+    `conveyor_spec`); stopped on exit."""
+    from devkit.local_redis import ensure_redis
+    from devkit.stack import Stack
+
+    print(ensure_redis(), file=sys.stderr)
+    with Stack(conveyor_spec(log_dir, engine_env, timeout_s)) as stack:
+        yield HttpTarget(name, stack.base_url, os.environ.get("BENCH_API_KEY"), pids=stack.pids)
 
 
 @contextlib.contextmanager

@@ -13,13 +13,19 @@ from bench.peers import installs
 from bench.peers.servers import PeerProcess, llama_server_command, vllm_env
 from bench.serving.client import RequestResult
 from bench.serving.metrics import calculate_metrics
-from bench.serving.workload import PromptMaker, load_prompt_maker
+from bench.serving.workload import (
+    PEERS,
+    PEERS_QUICK,
+    PromptMaker,
+    Scenario,
+    load_prompt_maker,
+    scenario_requests,
+)
 from bench.suite import cpu_time
 from bench.suite.peer_comparison import System, Variant, run_comparison
 from bench.suite.peer_report import levers_rows, render_peers
 from bench.suite.peer_targets import check_peer_targets
-from bench.suite.profile import PEERS, PEERS_QUICK, Scenario
-from bench.suite.scenarios import run_system, scenario_requests
+from bench.suite.scenarios import run_system
 from devkit.ports import free_port
 
 

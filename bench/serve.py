@@ -1,0 +1,100 @@
+"""`python -m bench serve`: streamed completions against a server, on the named scenarios.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench serve --scenario c1,c16 --in-process
+    .venv/bin/python -m bench serve --base-url http://127.0.0.1:8000 --scenario c16
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench serve --rounds 3 --in-process \\
+        --variant old@ed575d7 --variant new
+
+Without `--base-url` it starts Conveyor's four services (devkit's stack launcher, the engine
+as the peer comparison runs it) and reads every process's CPU seconds from /proc around each
+scenario: CPU ms per output token of the engine, gateway, detok, tokenizer, the load
+generator ("client") and everything else on the machine ("others"; a scenario where they
+kept more than 0.15 cores busy is logged as DISTURBED). With `--in-process` the engine then
+runs alone in this process on the same prompts with the same settings, and each scenario
+reports served TPOT over in-process TPOT: what the pipeline adds to a token. With
+`--variant` the run is an A/B (bench/ab.py): `NAME@REV` runs revision REV's services.
+Settings reach the services through the environment (CONVEYOR_ENGINE_WEIGHT_FORMAT=...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from bench.offline import add_common_args, child_argv, profile_of, scenario_figures
+
+ENGINE_ENV = {"CONVEYOR_ENGINE_KV_CACHE_GIB": "4", "CONVEYOR_ENGINE_MAX_NUM_WAITING_TOKENS": "0"}
+"""The engine as the peer comparison runs it (bench/suite/peer_comparison.py: CONVEYOR_ENV)."""
+
+
+def cpu_figures(out: dict) -> dict[str, float]:
+    """{"c1 CPU ms/token gateway": ...}: each process's CPU per output token, per scenario."""
+    figures = {}
+    for name, scenario in out["scenarios"].items():
+        tokens = max(scenario["total_output_tokens"], 1)
+        spent = {**scenario["cpu_s"], "others": scenario["others_cpu_s"]}
+        figures |= {f"{name} CPU ms/token {process}": 1e3 * seconds / tokens
+                    for process, seconds in spent.items()}
+    return figures
+
+
+def in_process_ratios(served: dict[str, float], alone: dict[str, float]) -> dict[str, float]:
+    """Each scenario's served TPOT p50 over the in-process engine's."""
+    suffix = " TPOT p50 ms"
+    return {key.replace(suffix, " served/in-process TPOT"): value / alone[key]
+            for key, value in served.items() if key.endswith(suffix) and alone.get(key)}
+
+
+def measure(args: argparse.Namespace) -> dict[str, float]:
+    from bench.serving.workload import load_prompt_maker
+    from bench.suite.scenarios import run_system
+    from bench.suite.targets import HttpTarget, InProcessTarget, conveyor_pipeline
+
+    profile, names = profile_of(args)
+    maker = load_prompt_maker()
+    if args.base_url:
+        target = HttpTarget("server", args.base_url, os.environ.get("BENCH_API_KEY"))
+        return scenario_figures(run_system(target, maker, profile, names))
+    os.environ.update(ENGINE_ENV)  # the services and the in-process engine read the same
+    if args.threads:
+        os.environ["CONVEYOR_ENGINE_TORCH_THREADS"] = str(args.threads)
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    print(f"service logs in {log_dir}", flush=True)
+    with conveyor_pipeline(log_dir) as target:
+        out = run_system(target, maker, profile, names)
+    figures = scenario_figures(out) | cpu_figures(out)
+    if args.in_process:
+        from bench.inprocess_engine import make_llm
+
+        alone = run_system(InProcessTarget("in-process", make_llm()), load_prompt_maker(),
+                           profile, names)
+        figures |= in_process_ratios(figures, scenario_figures(alone))
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p, "c1,c16")
+    p.add_argument("--base-url", default=None,
+                   help="an OpenAI-compatible server to drive (default: start Conveyor's)")
+    p.add_argument("--in-process", action="store_true",
+                   help="also run the engine alone on the same prompts (served/in-process)")
+    args = p.parse_args(argv)
+    if args.variant:
+        from bench import ab
+
+        flags = [*(["--base-url", args.base_url] if args.base_url else []),
+                 *(["--in-process"] if args.in_process else [])]
+        ab.compare(args.variant, args.rounds, child_argv("serve", args, tuple(flags)), args.out)
+        return 0
+    from bench.ab import format_figures
+
+    figures = measure(args)
+    print(format_figures(figures))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(figures))
+    return 0
