@@ -1,8 +1,8 @@
 """Llama models of named shapes with random weights: speed checks without checkpoints.
 
-bench/gpu_check.py runs on a bare GPU machine with no model files, so it times the
-engine on these (a step's cost depends on the shapes, not the values); the CPU tests
-use the tiny one. Weights are N(0, 0.02), norms 1, so activations stay finite.
+bench/gpu.py runs on a bare GPU machine with no model files, so it times the engine
+on these (a step's cost depends on the shapes, not the values); the GPU tests check it
+on them, the CPU tests on the tiny one. Weights are N(0, 0.02), norms 1, so activations stay finite.
 """
 
 from __future__ import annotations

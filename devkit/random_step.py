@@ -1,6 +1,6 @@
 """Random paged-attention steps, for checking one attention backend against another.
 
-Used by the engine's tests and by bench/gpu_check.py (Triton against torch on a GPU):
+Used by the engine's tests (Triton against torch, on a GPU too) and by bench/gpu.py:
 a step is a set of requests with some tokens already in a pool whose blocks are handed
 out in shuffled order, plus random queries, keys and values for their new tokens.
 """

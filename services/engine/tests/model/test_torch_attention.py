@@ -70,7 +70,7 @@ def test_torch_backend_fast_paths_match_naive(make_random_step, seqs):
 def test_masks_are_boolean_and_16_bit_steps_match_naive(make_random_step, dtype):
     """A boolean mask, whatever the dtype: SDPA's cuDNN kernel misread the fp32 additive
     mask this plan used to build under 16-bit queries on an H200 (NaN in float16;
-    bench/gpu_check.py part 1 shows it there)."""
+    tests/gpu/test_triton_vs_torch.py shows it there)."""
     step = make_random_step(block_size=4, num_kv_heads=2, group=3, head_dim=16,
                             seqs=[(0, 9), (12, 1), (30, 4)], dtype=dtype)
     backend = create_backend("torch", step.spec)

@@ -95,7 +95,7 @@ def _mask(meta: AttentionMetadata, row_index: torch.Tensor, query_lens: list[int
           context_len: int, sliding_window: int | None) -> torch.Tensor:
     """[B, 1, L, S] boolean mask of the group's rows (True: may attend). Boolean, not
     additive: SDPA's cuDNN kernel (CUDA, torch 2.11) misreads an fp32 additive mask under
-    16-bit queries (NaN in float16, wrong values in bfloat16; bench/gpu_check.py part 1)."""
+    16-bit queries (NaN in float16, wrong values in bfloat16; tests/gpu/test_triton_vs_torch.py)."""
     device = row_index.device
     seq_lens = meta.seq_lens.index_select(0, row_index)
     first_query_pos = seq_lens - torch.tensor(query_lens, device=device)
