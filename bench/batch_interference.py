@@ -4,10 +4,10 @@
     .venv/bin/python bench/batch_interference.py --requests 40 --batch-lines 800
 
 Starts the pipeline (tokenizer, engine, detok, gateway) and one batch worker with its
-default lines in flight as processes, then sends interactive streamed completions one
-at a time (concurrency 1): first with nothing else running, then while a batch runs.
-Prints both TTFT p50s, their ratio (the target is at most 1.5x) and the batch's own
-throughput during the second window, as Markdown for docs/benchmarks.md.
+default lines in flight as processes (devkit/stack.py), then sends interactive streamed
+completions one at a time (concurrency 1): first with nothing else running, then while a
+batch runs. Prints both TTFT p50s, their ratio (the target is at most 1.5x) and the
+batch's own throughput during the second window, as Markdown for docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -30,11 +29,10 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.serving.client import send_completion  # noqa: E402
-from bench.suite.targets import ensure_redis  # noqa: E402
-from devkit.service_process import ServiceProcess  # noqa: E402
+from devkit.local_redis import ensure_redis  # noqa: E402
+from devkit.stack import PIPELINE, Stack, StackSpec  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
-TOKEN = "bench-batch-token"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,33 +44,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def start_stack(stack: ExitStack, log_dir: Path, files_dir: Path) -> str:
-    """Every process on free ports; the gateway's URL."""
-    prefix = f"conveyor-bench-batch-{os.getpid()}"
-
-    def run(module: str, env: dict[str, str]) -> ServiceProcess:
-        name = module.rsplit(".", 1)[-1]
-        process = ServiceProcess(module, env={"HF_HUB_OFFLINE": "1", **env}, name=name,
-                                 log_path=log_dir / f"{name}.log")
-        stack.callback(process.stop)
-        return process.start(timeout_s=600)
-
-    tokenizer = run("conveyor.tokenizer", {"CONVEYOR_TOKENIZER_PORT": "0"})
-    engine = run("conveyor.engine", {"CONVEYOR_ENGINE_PORT": "0", "CONVEYOR_ENGINE_METRICS_PORT":
-                                     "0", "CONVEYOR_ENGINE_REDIS_PREFIX": prefix})
-    detok = run("conveyor.detok", {"CONVEYOR_DETOK_PORT": "0"})
-    gateway = run("conveyor.gateway", {
-        "CONVEYOR_GATEWAY_PORT": "0", "CONVEYOR_GATEWAY_AUTH_ENABLED": "false",
-        "CONVEYOR_GATEWAY_TOKENIZER_ADDRESS": tokenizer.address,
-        "CONVEYOR_GATEWAY_ENGINE_ADDRESSES": engine.address,
-        "CONVEYOR_GATEWAY_DETOK_ADDRESS": detok.address,
-        "CONVEYOR_GATEWAY_REDIS_PREFIX": prefix, "CONVEYOR_GATEWAY_BATCH_TOKEN": TOKEN,
-        "CONVEYOR_GATEWAY_FILES_DIR": str(files_dir)})
-    url = f"http://127.0.0.1:{gateway.port}"
-    run("conveyor.batch", {"CONVEYOR_BATCH_REDIS_PREFIX": prefix,
-                           "CONVEYOR_BATCH_GATEWAY_URL": url, "CONVEYOR_BATCH_GATEWAY_TOKEN": TOKEN,
-                           "CONVEYOR_BATCH_FILES_DIR": str(files_dir)})
-    return url
+def stack_spec(log_dir: Path, files_dir: Path) -> StackSpec:
+    """Every process on free ports, a batch worker, and Redis keys of this run only."""
+    return StackSpec(log_dir, model=MODEL, services=(*PIPELINE, "batch"),
+                     env={"HF_HUB_OFFLINE": "1"},
+                     redis_prefix=f"conveyor-bench-batch-{os.getpid()}", files_dir=files_dir)
 
 
 def interactive_body(i: int, max_tokens: int) -> dict:
@@ -129,11 +105,10 @@ def wait_until_running(client: httpx.Client, batch_id: str, min_done: int) -> No
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    ensure_redis()
-    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        log_dir = args.log_dir or Path(tmp) / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        url = start_stack(stack, log_dir, Path(tmp) / "files")
+    print(ensure_redis(), file=sys.stderr)
+    with (tempfile.TemporaryDirectory() as tmp,
+          Stack(stack_spec(args.log_dir or Path(tmp) / "logs", Path(tmp) / "files")) as stack):
+        url = stack.base_url
         asyncio.run(ttfts(url, 2, args.max_tokens))  # warm-up
         alone = asyncio.run(ttfts(url, args.requests, args.max_tokens))
         with httpx.Client(base_url=url, timeout=60) as client:

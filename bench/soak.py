@@ -4,10 +4,11 @@
     .venv/bin/python bench/soak.py --minutes 3      # a short check
 
 Starts the pipeline (tokenizer, engine, detok, gateway) as processes with the bundled
-model, then keeps `--concurrency` clients busy with a seeded mix: greedy streams, streams
-closed after a few chunks (cancels), n = 2, stop strings, plain requests and bad inputs.
-The engine is restarted once, under traffic, after the first warm-up; the gateway finds the
-new one through the Redis registry. At the end it checks, and prints as Markdown:
+model (devkit/stack.py), then keeps `--concurrency` clients busy with a seeded mix: greedy
+streams, streams closed after a few chunks (cancels), n = 2, stop strings, plain requests
+and bad inputs; a bar on stderr counts the seconds of traffic. The engine is restarted
+once, under traffic, after the first warm-up; the gateway finds the new one through the
+Redis registry. At the end it checks, and prints as Markdown:
 
 - memory: each service's RSS at the end within 10% of its level after warm-up (the
   engine's counted from its restart);
@@ -25,32 +26,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
 import sys
 import time
 from collections import Counter
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import psutil
 from redis import Redis
+from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.serving.client import parse_sse_line  # noqa: E402
-from bench.suite.targets import ensure_redis  # noqa: E402
 from conveyor.common.grpc_client import open_channel  # noqa: E402
 from conveyor.v1 import engine_pb2, engine_pb2_grpc  # noqa: E402
-from devkit.service_process import ServiceProcess  # noqa: E402
+from devkit.local_redis import ensure_redis, redis_url  # noqa: E402
+from devkit.stack import Stack, StackSpec  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
-REDIS_URL = os.environ.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = redis_url()
 RSS_TOLERANCE = 0.10
 MAX_TOKENS = 24
 PROMPTS = ["Name three colours.", "Describe a conveyor belt in one sentence.",
@@ -119,48 +121,17 @@ def token_problems(records: dict[int, StreamRecord], usage: dict | None, expecte
 
 # -- the stack ----------------------------------------------------------------------------------
 
-@dataclass
-class Stack:
-    """The four processes; the engine can be replaced (restart)."""
-
-    processes: dict[str, ServiceProcess]
-    url: str
-    start_engine: object
-
-    def restart_engine(self) -> None:
-        self.processes["engine"].stop()
-        self.processes["engine"] = self.start_engine()
-
-    def rss(self) -> dict[str, int]:
-        return {name: psutil.Process(p.pid).memory_info().rss
-                for name, p in self.processes.items()}
+def stack_spec(log_dir: Path, prefix: str) -> StackSpec:
+    """The pipeline with its replicas registered under `prefix`: the restarted engine comes
+    back under the same id at a new port, and the gateway finds it in the registry."""
+    return StackSpec(log_dir, model=MODEL, engine={"MAX_MODEL_LEN": "2048",
+                                                   "ENGINE_ID": "soak-engine"},
+                     env={"HF_HUB_OFFLINE": "1"}, redis_url=REDIS_URL, redis_prefix=prefix)
 
 
-def start_stack(stack: ExitStack, log_dir: Path, prefix: str) -> Stack:
-    def run(module: str, env: dict[str, str]) -> ServiceProcess:
-        name = module.rsplit(".", 1)[-1]
-        process = ServiceProcess(module, env={"HF_HUB_OFFLINE": "1", **env}, name=name,
-                                 log_path=log_dir / f"{name}.log")
-        stack.callback(lambda: process.stop())
-        return process.start(timeout_s=600)
-
-    def start_engine() -> ServiceProcess:
-        return run("conveyor.engine", {
-            "CONVEYOR_ENGINE_PORT": "0", "CONVEYOR_ENGINE_METRICS_PORT": "0",
-            "CONVEYOR_ENGINE_MAX_MODEL_LEN": "2048", "CONVEYOR_ENGINE_ENGINE_ID": "soak-engine",
-            "CONVEYOR_ENGINE_REDIS_URL": REDIS_URL, "CONVEYOR_ENGINE_REDIS_PREFIX": prefix})
-
-    tokenizer = run("conveyor.tokenizer", {"CONVEYOR_TOKENIZER_PORT": "0"})
-    engine = start_engine()
-    detok = run("conveyor.detok", {"CONVEYOR_DETOK_PORT": "0"})
-    gateway = run("conveyor.gateway", {
-        "CONVEYOR_GATEWAY_PORT": "0", "CONVEYOR_GATEWAY_AUTH_ENABLED": "false",
-        "CONVEYOR_GATEWAY_TOKENIZER_ADDRESS": tokenizer.address,
-        "CONVEYOR_GATEWAY_ENGINE_ADDRESSES": engine.address,
-        "CONVEYOR_GATEWAY_DETOK_ADDRESS": detok.address,
-        "CONVEYOR_GATEWAY_REDIS_URL": REDIS_URL, "CONVEYOR_GATEWAY_REDIS_PREFIX": prefix})
-    processes = {"tokenizer": tokenizer, "engine": engine, "detok": detok, "gateway": gateway}
-    return Stack(processes, f"http://127.0.0.1:{gateway.port}", start_engine)
+def rss(stack: Stack) -> dict[str, int]:
+    """Each service's resident memory, by name."""
+    return {name: psutil.Process(pid).memory_info().rss for name, pid in stack.pids.items()}
 
 
 # -- counters -----------------------------------------------------------------------------------
@@ -186,15 +157,16 @@ def quota_counters(prefix: str) -> dict[str, int]:
     return {"quota_slots": slots, "quota_reservations": reservations}
 
 
-async def counters(stack: Stack, prefix: str) -> dict[str, int]:
-    return {**await engine_counters(stack.processes["engine"].address), **quota_counters(prefix)}
+async def counters(stack: Stack) -> dict[str, int]:
+    engine = await engine_counters(stack.processes["engine"].address)
+    return {**engine, **quota_counters(stack.redis_prefix)}
 
 
-async def settled_counters(stack: Stack, prefix: str, timeout_s: float = 60.0) -> dict[str, int]:
+async def settled_counters(stack: Stack, timeout_s: float = 60.0) -> dict[str, int]:
     """The counters once every one is back to zero, or as they are at the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:
-        now = await counters(stack, prefix)
+        now = await counters(stack)
         if not any(now.values()) or time.monotonic() > deadline:
             return now
         await asyncio.sleep(0.2)
@@ -355,23 +327,43 @@ _EXPECTED = {kind: {"200", "503", STREAM_ERROR} for kind in KINDS} | {"bad": {"4
 """Outcomes that are not failures (503 or a stream's error event around the restart)."""
 
 
-async def soak(args: argparse.Namespace, stack: Stack, prefix: str) -> SoakResult:
+async def soak(args: argparse.Namespace, stack: Stack) -> SoakResult:
     total_s, warm_s = args.minutes * 60, args.warmup_minutes * 60
-    tally = Tally()
-    async with httpx.AsyncClient(base_url=stack.url, timeout=120) as client:
+    url, tally = stack.base_url, Tally()
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         refs = await references(client)
-    before = await settled_counters(stack, prefix)
-    await traffic(stack.url, args.concurrency, warm_s, refs, tally, args.seed)
-    restarted = time.monotonic()
-    restart = asyncio.create_task(asyncio.to_thread(stack.restart_engine))
-    await traffic(stack.url, args.concurrency, warm_s, refs, tally, args.seed + 100)
-    await restart
-    restart_s = time.monotonic() - restarted
-    baseline = stack.rss()
-    await traffic(stack.url, args.concurrency, max(0.0, total_s - 2 * warm_s), refs, tally,
-                  args.seed + 200)
-    after = await settled_counters(stack, prefix)
-    return SoakResult(args.minutes, tally, baseline, stack.rss(), before, after, restart_s)
+    before = await settled_counters(stack)
+    async with progress_bar(max(total_s, 2 * warm_s)):
+        await traffic(url, args.concurrency, warm_s, refs, tally, args.seed)
+        restarted = time.monotonic()
+        restart = asyncio.create_task(asyncio.to_thread(stack.restart_engine))
+        await traffic(url, args.concurrency, warm_s, refs, tally, args.seed + 100)
+        await restart
+        restart_s = time.monotonic() - restarted
+        baseline = rss(stack)
+        await traffic(url, args.concurrency, max(0.0, total_s - 2 * warm_s), refs, tally,
+                      args.seed + 200)
+    after = await settled_counters(stack)
+    return SoakResult(args.minutes, tally, baseline, rss(stack), before, after, restart_s)
+
+
+@contextlib.asynccontextmanager
+async def progress_bar(seconds: float):
+    """Seconds of traffic sent so far, of `seconds`, on stderr (not when it is no terminal)."""
+    bar = tqdm(total=round(seconds), unit="s", desc="soak", file=sys.stderr, disable=None)
+    started = time.monotonic()
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(1)
+            bar.update(min(bar.total, round(time.monotonic() - started)) - bar.n)
+
+    ticking = asyncio.create_task(tick())
+    try:
+        yield
+    finally:
+        ticking.cancel()
+        bar.close()
 
 
 def markdown(result: SoakResult) -> str:
@@ -411,12 +403,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    ensure_redis()
-    prefix = f"conveyor-soak-{os.getpid()}"
+    print(ensure_redis(REDIS_URL), file=sys.stderr)
     log_dir = args.log_dir or Path(f"/tmp/conveyor-soak-{os.getpid()}")
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with ExitStack() as stack:
-        result = asyncio.run(soak(args, start_stack(stack, log_dir, prefix), prefix))
+    with Stack(stack_spec(log_dir, f"conveyor-soak-{os.getpid()}")) as stack:
+        result = asyncio.run(soak(args, stack))
     print(markdown(result))
     return 1 if result.failures else 0
 

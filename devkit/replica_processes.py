@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from devkit.service_process import ServiceProcess
+from devkit.service_process import ServiceProcess, settings_env
 
 MODEL = "smollm2-135m-instruct"
 HEARTBEAT_S = "0.5"
@@ -26,30 +25,7 @@ def replica_process(service: str, name: str, log_dir: Path, redis_url: str, pref
     return ServiceProcess(
         f"conveyor.{service}", name=name, log_path=log_dir / f"{name}.log",
         argv_prefix=tuple(argv_prefix),
-        env={"HF_HUB_OFFLINE": "1",
-             **{f"CONVEYOR_{service.upper()}_{k.upper()}": v for k, v in values.items()}})
-
-
-def start_all(processes: Sequence[ServiceProcess], timeout_s: float = 600) -> None:
-    """Start `processes` in parallel; if one fails, stop them all and raise its error."""
-    with ThreadPoolExecutor(len(processes)) as pool:
-        errors = [e for e in pool.map(lambda p: _start(p, timeout_s), processes) if e]
-    if errors:
-        stop_all(processes)
-        raise errors[0]
-
-
-def _start(process: ServiceProcess, timeout_s: float) -> BaseException | None:
-    try:
-        process.start(timeout_s=timeout_s)
-    except BaseException as exc:  # noqa: BLE001 - re-raised by start_all
-        return exc
-    return None
-
-
-def stop_all(processes: Sequence[ServiceProcess]) -> None:
-    for process in processes:
-        process.kill()
+        env={"HF_HUB_OFFLINE": "1", **settings_env(service, values)})
 
 
 def replica_calls(metrics_text: str) -> dict[tuple[str, str], int]:

@@ -1,4 +1,4 @@
-"""Start a Conveyor service as a real process for tests and the local launcher.
+"""Start a Conveyor service as a real process for tests, benchmarks and the stack launcher.
 
 The service prints `CONVEYOR_LISTENING port=N` once its server is bound (see
 grpc_server.serve_until_signalled and the gateway), which is how the caller
@@ -15,6 +15,8 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from conveyor.common import prepare_model
@@ -101,17 +103,48 @@ class ServiceProcess:
             self._proc.wait()
 
 
+def settings_env(service: str, settings: Mapping[str, str]) -> dict[str, str]:
+    """`service`'s settings by field name as its environment: MAX_MODEL_LEN="2048" for the
+    engine is CONVEYOR_ENGINE_MAX_MODEL_LEN=2048."""
+    return {f"CONVEYOR_{service.upper()}_{name.upper()}": value
+            for name, value in settings.items()}
+
+
+def start_all(processes: Sequence[ServiceProcess], timeout_s: float = 600) -> None:
+    """Start `processes` in parallel; if one fails, stop them all and raise its error."""
+    with ThreadPoolExecutor(len(processes)) as pool:
+        errors = [e for e in pool.map(lambda p: _start(p, timeout_s), processes) if e]
+    if errors:
+        stop_all(processes)
+        raise errors[0]
+
+
+def _start(process: ServiceProcess, timeout_s: float) -> BaseException | None:
+    try:
+        process.start(timeout_s=timeout_s)
+    except BaseException as exc:  # noqa: BLE001 - re-raised by start_all
+        return exc
+    return None
+
+
+def stop_all(processes: Sequence[ServiceProcess]) -> None:
+    for process in processes:
+        process.kill()
+
+
 NO_TORCH_PATH = str(Path(__file__).parent / "no_torch")
 """Put this folder first on PYTHONPATH to run a service as its torch-free container
 does: its sitecustomize makes `import torch` fail, so transformers never loads it."""
 
 
-def without_torch_env(model: str = DEFAULT_MODEL) -> dict[str, str]:
-    """Environment entries that start a service process without torch.
+def without_torch_env(model: str = DEFAULT_MODEL, pythonpath: str | None = None
+                      ) -> dict[str, str]:
+    """Environment entries that start a service process without torch; `pythonpath` (by
+    default this process's PYTHONPATH) follows the torch-free folder.
 
     Converts `model`'s tokenizer into the cache first (in this process, which has torch),
     as the service images do at build time: transformers cannot read GGUF without torch.
     """
     prepare_model.main([model])
-    existing = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": NO_TORCH_PATH + (os.pathsep + existing if existing else "")}
+    rest = os.environ.get("PYTHONPATH") if pythonpath is None else pythonpath
+    return {"PYTHONPATH": NO_TORCH_PATH + (os.pathsep + rest if rest else "")}

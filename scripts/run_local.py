@@ -1,116 +1,76 @@
 """Run the whole pipeline locally on the CPU with the bundled model (`make run`).
 
-Starts tokenizer, engine, detok and gateway as processes (the same commands the
-containers run: `python -m conveyor.<service>`), waits until each is up, prints
-the URL, and on Ctrl-C stops everything it started. Redis is started before
-this by `make redis`. Any CONVEYOR_* variable in the environment passes through.
+Starts tokenizer, engine, detok, gateway and one batch worker as processes on the fixed
+ports below (devkit/stack.py: the commands the containers run, `python -m
+conveyor.<service>`), prints the URL, and on Ctrl-C stops everything it started. Redis is
+started before this by `make redis`. Any CONVEYOR_* variable in the environment passes
+through and wins over the launcher's settings.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import logging
 import os
-import secrets
 import signal
 import sys
-import time
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # devkit: the repository's dev-only helpers
     sys.path.insert(0, str(REPO_ROOT))
 
-from devkit.service_process import ServiceProcess  # noqa: E402
+from devkit.stack import PIPELINE, Stack, StackSpec, installed  # noqa: E402
 
 LOG_DIR = Path(os.environ.get("CONVEYOR_LOG_DIR", ".run-logs"))
-BATCH_TOKEN = secrets.token_urlsafe(24)
-"""The gateway and the batch worker share this run's internal batch-line token."""
+SERVICES = (*PIPELINE, "batch")
+"""The batch worker (Celery on the same Redis) makes the Batch API work out of the box."""
+PORTS = {"tokenizer": 50051, "engine": 50052, "detok": 50053, "gateway": 8000}
+ENGINE = {"METRICS_PORT": "9102"}
 
 
-@dataclass
-class LocalService:
-    """One service of the local pipeline and the environment it runs with."""
-
-    name: str
-    module: str
-    env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def installed(self) -> bool:
-        return importlib.util.find_spec(f"{self.module}.__main__") is not None
+def local_spec(environ: Mapping[str, str] = os.environ) -> StackSpec:
+    """`make run`'s stack: the services built so far, no API keys (the gateway logs a
+    warning; compose turns them on), the engine's /metrics on 9102."""
+    return StackSpec(LOG_DIR, services=tuple(s for s in SERVICES if installed(s)),
+                     ports=PORTS, engine=ENGINE,
+                     env={k: v for k, v in environ.items() if k.startswith("CONVEYOR_")})
 
 
-SERVICES = [
-    LocalService("tokenizer", "conveyor.tokenizer", {"CONVEYOR_TOKENIZER_PORT": "50051"}),
-    LocalService("engine", "conveyor.engine",
-                 {"CONVEYOR_ENGINE_PORT": "50052", "CONVEYOR_ENGINE_METRICS_PORT": "9102"}),
-    LocalService("detok", "conveyor.detok", {"CONVEYOR_DETOK_PORT": "50053"}),
-    LocalService("gateway", "conveyor.gateway", {
-        "CONVEYOR_GATEWAY_PORT": "8000",
-        "CONVEYOR_GATEWAY_TOKENIZER_ADDRESS": "127.0.0.1:50051",
-        "CONVEYOR_GATEWAY_ENGINE_ADDRESSES": "127.0.0.1:50052",
-        "CONVEYOR_GATEWAY_DETOK_ADDRESS": "127.0.0.1:50053",
-        # Local use: no API keys (the gateway logs a warning). Compose turns them on.
-        "CONVEYOR_GATEWAY_AUTH_ENABLED": "false",
-        "CONVEYOR_GATEWAY_BATCH_TOKEN": BATCH_TOKEN,
-    }),
-    # One batch worker (Celery on the same Redis): the Batch API works out of the box.
-    LocalService("batch", "conveyor.batch", {
-        "CONVEYOR_BATCH_GATEWAY_URL": "http://127.0.0.1:8000",
-        "CONVEYOR_BATCH_GATEWAY_TOKEN": BATCH_TOKEN,
-    }),
-]
-
-
-def _start(service: LocalService) -> ServiceProcess:
-    env = {**service.env, **{k: v for k, v in os.environ.items() if k.startswith("CONVEYOR_")}}
-    process = ServiceProcess(f"{service.module}", env=env, name=service.name,
-                             log_path=LOG_DIR / f"{service.name}.log")
-    print(f"starting {service.name} (log: {LOG_DIR / service.name}.log) ...", flush=True)
-    return process.start(timeout_s=600)
+def serve(stack: Stack, stop: threading.Event) -> None:
+    """Print where the stack listens, then wait for `stop` or a process's exit."""
+    if "gateway" in stack.processes:
+        print(f"\nConveyor is up: {stack.api_url} (model {stack.spec.model}). Ctrl-C stops it.",
+              flush=True)
+    else:
+        print("\nNo gateway yet: the gRPC services above are up. Ctrl-C stops them.", flush=True)
+    while all(p.is_alive() for p in stack.processes.values()):
+        if stop.wait(0.5):
+            return
+    for process in stack.processes.values():
+        if not process.is_alive():
+            print(f"{process.name} exited; its last output:\n{process.output()[-2000:]}",
+                  file=sys.stderr)
 
 
 def main() -> int:
-    LOG_DIR.mkdir(exist_ok=True)
-    missing = [s.name for s in SERVICES if not s.installed]
+    logging.basicConfig(format="%(message)s", stream=sys.stdout)
+    logging.getLogger("devkit.stack").setLevel(logging.INFO)  # what starts and stops
+    spec = local_spec()
+    missing = [s for s in SERVICES if s not in spec.services]
     if missing:
         print(f"not built yet, not started: {', '.join(missing)}")
-    started: list[ServiceProcess] = []
-    stop = False
-
-    def request_stop(*_):
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        for service in SERVICES:
-            if service.installed and not stop:
-                started.append(_start(service))
-                where = f"listening on 127.0.0.1:{started[-1].port}" if started[-1].port \
-                    else "ready"
-                print(f"  {service.name} {where}", flush=True)
-        if not stop:
-            gateway = next((p for p in started if p.name == "gateway"), None)
-            if gateway:
-                print(f"\nConveyor is up: http://127.0.0.1:{gateway.port}/v1 "
-                      "(model smollm2-135m-instruct). Ctrl-C stops it.", flush=True)
-            else:
-                print("\nNo gateway yet: the gRPC services above are up. Ctrl-C stops them.")
-        while not stop and all(p.is_alive() for p in started):
-            time.sleep(0.5)
-        for p in started:
-            if not p.is_alive():
-                print(f"{p.name} exited; its last output:\n{p.output()[-2000:]}", file=sys.stderr)
+        with Stack(spec) as stack:
+            if not stop.is_set():
+                serve(stack, stop)
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return 1
-    finally:
-        for p in reversed(started):
-            print(f"stopping {p.name} (pid {p.pid})", flush=True)
-            p.stop()
     return 0
 
 

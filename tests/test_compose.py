@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devkit.service_process import settings_env
+from devkit.stack import module_of
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -78,8 +81,7 @@ def test_compose_requires_api_keys_and_make_run_turns_them_off_explicitly(compos
     gateway = compose["services"]["gateway"]["environment"]
     assert str(gateway["CONVEYOR_GATEWAY_AUTH_ENABLED"]).lower() == "true"
     assert gateway["CONVEYOR_GATEWAY_REDIS_URL"].startswith("redis://redis:")
-    local = next(s for s in run_local.SERVICES if s.name == "gateway")
-    assert local.env["CONVEYOR_GATEWAY_AUTH_ENABLED"] == "false"
+    assert run_local.local_spec({}).settings_of("gateway")["AUTH_ENABLED"] == "false"
 
 
 def test_gateway_requires_api_keys_by_default():
@@ -101,9 +103,9 @@ def test_every_variable_is_a_setting(compose, service):
 
 @pytest.mark.parametrize("service", sorted(CONVEYOR_SERVICES))
 def test_container_runs_what_make_run_runs(compose, service):
-    local = next(s for s in run_local.SERVICES if s.name == service)
+    assert service in run_local.SERVICES
     command = compose["services"][service]["command"]
-    assert command == ["python", "-m", local.module]
+    assert command == ["python", "-m", module_of(service)]
     dockerfile = (ROOT / "services" / service / "Dockerfile").read_text()
     cmd = re.search(r"^CMD (.+)$", dockerfile, re.M).group(1)
     assert yaml.safe_load(cmd) == command
@@ -114,8 +116,9 @@ def test_local_run_variables_are_settings(service):
     module, name = CONVEYOR_SERVICES[service]
     settings = getattr(importlib.import_module(module), name)
     known = {variable for variable, _, _ in settings.describe()}
-    local = next(s for s in run_local.SERVICES if s.name == service)
-    assert set(local.env) <= known, f"not settings of {name}: {sorted(set(local.env) - known)}"
+    spec = run_local.local_spec({})
+    local = set(settings_env(service, spec.settings_of(service, run_local.PORTS)))
+    assert local <= known, f"not settings of {name}: {sorted(local - known)}"
 
 
 def _settings(compose: dict, service: str):

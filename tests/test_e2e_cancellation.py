@@ -63,7 +63,7 @@ async def test_closing_a_stream_after_a_few_chunks_frees_the_engine(stack, engin
 async def test_non_streaming_client_that_goes_away_frees_the_engine(stack, engine_client,
                                                                      idle_engine):
     body = json.dumps(LONG).encode()
-    reader, writer = await asyncio.open_connection("127.0.0.1", stack.gateway.port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", stack.processes["gateway"].port)
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: e2e\r\n"
                  b"Content-Type: application/json\r\nContent-Length: "
                  + str(len(body)).encode() + b"\r\n\r\n" + body)

@@ -35,7 +35,7 @@ from redis.asyncio import Redis
 from conveyor.common.engine_registry import EngineRegistry
 from conveyor.common.service_registry import ReplicaEntry, ServiceRegistry
 from devkit import replica_processes as rp
-from devkit.service_process import ServiceProcess
+from devkit.service_process import ServiceProcess, start_all
 
 pytestmark = pytest.mark.slow
 
@@ -199,7 +199,7 @@ def cluster(tmp_path):
     try:
         network.create()
         cluster.start_redis()
-        rp.start_all([*cluster.replicas("a"), *cluster.replicas("b")])
+        start_all([*cluster.replicas("a"), *cluster.replicas("b")])
         cluster.gateway().start(timeout_s=60)
         yield cluster
     finally:
@@ -279,7 +279,7 @@ def _engine_lines(gateway: ServiceProcess) -> str:
 
 def _start_in_background(processes: list[ServiceProcess]):
     pool = ThreadPoolExecutor(1)
-    return pool, asyncio.get_running_loop().run_in_executor(pool, rp.start_all, processes)
+    return pool, asyncio.get_running_loop().run_in_executor(pool, start_all, processes)
 
 
 async def test_replicas_across_namespaces_share_traffic_scale_and_survive_a_kill(cluster):

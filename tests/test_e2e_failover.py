@@ -22,13 +22,8 @@ import pytest
 from redis.asyncio import Redis
 
 from conveyor.common.service_registry import ReplicaEntry, ServiceRegistry
-from devkit.replica_processes import (
-    MODEL,
-    replica_calls,
-    replica_process,
-    start_all,
-    stop_all,
-)
+from devkit.replica_processes import MODEL, replica_calls, replica_process
+from devkit.service_process import start_all, stop_all
 
 pytestmark = pytest.mark.slow
 

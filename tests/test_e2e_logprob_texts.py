@@ -46,7 +46,7 @@ class RecordingProxy(grpc.GenericRpcHandler):
 
 @pytest.fixture
 def tokenizer_proxy(stack):
-    proxy = RecordingProxy(stack.tokenizer.address)
+    proxy = RecordingProxy(stack.processes["tokenizer"].address)
     server = grpc.server(ThreadPoolExecutor(4), handlers=[proxy])
     proxy.address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     server.start()
@@ -79,7 +79,7 @@ def test_logprob_texts_are_detoks_and_the_tokenizer_decodes_none(stack, extra_ga
         assert entry.top_logprobs[0].token == entry.token  # greedy picks the best
     echoed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3,
                                        temperature=0, echo=True, logprobs=2)
-    expected = each_token_text(stack.tokenizer.address, PROMPT)
+    expected = each_token_text(stack.processes["tokenizer"].address, PROMPT)
     assert "<|im_start|>" in expected and "\ufffd" in "".join(expected)
     assert echoed.choices[0].logprobs.tokens[:len(expected)] == expected
     assert echoed.usage.prompt_tokens == len(expected)

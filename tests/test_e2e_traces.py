@@ -6,25 +6,21 @@ attributes on the gateway's generation span and on the engine's."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from redis import Redis
 
-from devkit.service_process import ServiceProcess
+from devkit.local_redis import delete_namespace, redis_url
+from devkit.stack import Stack, StackSpec
 
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
-REDIS_URL = os.environ.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0")
 SERVICES = ("conveyor-gateway", "conveyor-tokenizer", "conveyor-engine", "conveyor-detok")
 
 
@@ -78,61 +74,23 @@ async def receiver():
 
 
 def _otel_env(port: int) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
-    return {**env, "HF_HUB_OFFLINE": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+    return {"HF_HUB_OFFLINE": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
             "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "200"}
-
-
-def _model_service(service: str, port: int, log_dir: Path, **settings: str) -> ServiceProcess:
-    settings = {"MODEL": MODEL, "PORT": "0", **settings}
-    env = {**_otel_env(port),
-           **{f"CONVEYOR_{service.upper()}_{k}": v for k, v in settings.items()}}
-    return ServiceProcess(f"conveyor.{service}", env=env, name=f"traced-{service}",
-                          log_path=log_dir / f"traced-{service}.log")
 
 
 @pytest.fixture
 async def traced_stack(receiver, tmp_path):
     """Tokenizer, engine, detok and gateway processes exporting to `receiver`."""
-    prefix = f"e2e-traces:{uuid.uuid4().hex[:12]}"
-    backends = [
-        _model_service("tokenizer", receiver.port, tmp_path),
-        _model_service("engine", receiver.port, tmp_path, MAX_MODEL_LEN="512", KV_CACHE_GIB="0.05",
-                       TORCH_THREADS="1", REDIS_URL=""),
-        _model_service("detok", receiver.port, tmp_path),
-    ]
-    started: list[ServiceProcess] = []
+    spec = StackSpec(tmp_path, model=MODEL, env=_otel_env(receiver.port),
+                     engine={"MAX_MODEL_LEN": "512", "KV_CACHE_GIB": "0.05", "TORCH_THREADS": "1"},
+                     redis_url=redis_url(), redis_prefix=f"e2e-traces:{uuid.uuid4().hex[:12]}",
+                     register_replicas=False)
+    stack = Stack(spec)
     try:
-        with ThreadPoolExecutor(len(backends)) as pool:
-            started += await asyncio.gather(*(
-                asyncio.get_running_loop().run_in_executor(pool, p.start, 600)
-                for p in backends))
-        tokenizer, engine, detok = backends
-        gateway = ServiceProcess("conveyor.gateway", name="traced-gateway",
-                                 log_path=tmp_path / "traced-gateway.log", env={
-            **_otel_env(receiver.port),
-            "CONVEYOR_GATEWAY_PORT": "0",
-            "CONVEYOR_GATEWAY_TOKENIZER_ADDRESS": tokenizer.address,
-            "CONVEYOR_GATEWAY_ENGINE_ADDRESSES": engine.address,
-            "CONVEYOR_GATEWAY_DETOK_ADDRESS": detok.address,
-            "CONVEYOR_GATEWAY_REDIS_URL": REDIS_URL,
-            "CONVEYOR_GATEWAY_REDIS_PREFIX": prefix,
-            "CONVEYOR_GATEWAY_AUTH_ENABLED": "false",
-        })
-        started.append(await asyncio.to_thread(gateway.start, 60))
-        yield gateway
+        yield await asyncio.to_thread(stack.start)
     finally:
-        for process in reversed(started):
-            await asyncio.to_thread(process.stop)
-        _delete_namespace(prefix)
-
-
-def _delete_namespace(prefix: str) -> None:
-    client = Redis.from_url(REDIS_URL, socket_timeout=2)
-    keys = list(client.scan_iter(match=f"{prefix}:*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
+        await asyncio.to_thread(stack.stop)
+        delete_namespace(spec.redis_url, spec.redis_prefix)
 
 
 async def _wait_for_trace(receiver: OtlpReceiver, names: set[str],
@@ -149,7 +107,7 @@ async def _wait_for_trace(receiver: OtlpReceiver, names: set[str],
 
 
 async def test_one_chat_is_one_trace_across_the_four_services(traced_stack, receiver):
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{traced_stack.port}",
+    async with httpx.AsyncClient(base_url=traced_stack.base_url,
                                  timeout=120) as client:
         response = await client.post("/v1/chat/completions", json={
             "model": MODEL, "max_tokens": 4, "temperature": 0,
