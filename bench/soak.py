@@ -121,12 +121,17 @@ def token_problems(records: dict[int, StreamRecord], usage: dict | None, expecte
 
 # -- the stack ----------------------------------------------------------------------------------
 
+ENGINE_SETTINGS = {"MAX_MODEL_LEN": "2048", "ENGINE_ID": "soak-engine", "DTYPE": "float32"}
+"""float32: the token check compares greedy text across batches, which float32 keeps equal;
+dtype auto is bfloat16 on a CPU with AMX or AVX512-BF16, whose greedy output moves with the
+batch a request shares (as tests/conftest.py's engine)."""
+
+
 def stack_spec(log_dir: Path, prefix: str) -> StackSpec:
     """The pipeline with its replicas registered under `prefix`: the restarted engine comes
     back under the same id at a new port, and the gateway finds it in the registry."""
-    return StackSpec(log_dir, model=MODEL, engine={"MAX_MODEL_LEN": "2048",
-                                                   "ENGINE_ID": "soak-engine"},
-                     env={"HF_HUB_OFFLINE": "1"}, redis_url=REDIS_URL, redis_prefix=prefix)
+    return StackSpec(log_dir, model=MODEL, engine=ENGINE_SETTINGS, env={"HF_HUB_OFFLINE": "1"},
+                     redis_url=REDIS_URL, redis_prefix=prefix)
 
 
 def rss(stack: Stack) -> dict[str, int]:
@@ -350,7 +355,8 @@ async def soak(args: argparse.Namespace, stack: Stack) -> SoakResult:
 @contextlib.asynccontextmanager
 async def progress_bar(seconds: float):
     """Seconds of traffic sent so far, of `seconds`, on stderr (not when it is no terminal)."""
-    bar = tqdm(total=round(seconds), unit="s", desc="soak", file=sys.stderr, disable=None)
+    bar = tqdm(total=round(seconds), desc="soak", file=sys.stderr, disable=None,
+               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} s [{elapsed}<{remaining}]")
     started = time.monotonic()
 
     async def tick() -> None:
