@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from bench import fma_peak, roofline
+from bench.kernels import fma_peak, roofline
 
 DEFAULT_JSON = Path(__file__).resolve().parents[1] / "docs" / "img" / "inprocess_targets.json"
 DRAM_FLOOR_SLACK = 1.15

@@ -83,7 +83,12 @@ class Suite:
     def roofline(self) -> None:
         import torch
 
-        from bench.roofline import engine_threads, format_roofline, load_model_config, run_roofline
+        from bench.kernels.roofline import (
+            engine_threads,
+            format_roofline,
+            load_model_config,
+            run_roofline,
+        )
 
         if engine_threads():  # the engine's thread count, for this process's matmuls too
             torch.set_num_threads(engine_threads())

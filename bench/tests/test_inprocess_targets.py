@@ -4,7 +4,8 @@ the bandwidth reading, the target lines and the exclusive-time timer."""
 import torch
 
 from bench import inprocess_targets as targets
-from bench import roofline, step_profile
+from bench import step_profile
+from bench.kernels import roofline
 from bench.step_profile import PartTimer
 
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,

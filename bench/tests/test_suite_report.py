@@ -2,9 +2,10 @@
 
 import pytest
 
-from bench import roofline
+from bench.kernels import roofline
+from bench.kernels.model_shapes import LinearShape, model_flops, params_per_token
+from bench.kernels.roofline import KERNELS, measure_forward
 from bench.kv_occupancy import measure_occupancy, mixed_workload
-from bench.roofline import KERNELS, LinearShape, measure_forward, model_flops, params_per_token
 from bench.suite.profile import FULL, QUICK
 from bench.suite.report import render
 from bench.suite.targets_check import check_targets
