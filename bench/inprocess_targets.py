@@ -4,9 +4,9 @@
    the L3), at the engine's thread count -- the DRAM floor of a one-row step is the
    weight bytes it reads (every linear layer, lm_head included) over this bandwidth.
    Readings alternate with single-stream requests (3.), each TPOT held to its neighbour.
-2. The practical roofline: bench/roofline.py's best forward pass (all linear layers at
+2. The practical roofline: bench/kernels/roofline.py's best forward pass (all linear layers at
    M rows, the best of the kernels torch offers here) over M in --roofline-tokens; and the
-   FMA peak with every thread running at once (bench/fma_peak.py), the ceiling no kernel
+   FMA peak with every thread running at once (bench/kernels/fma_peak.py), the ceiling no kernel
    passes, which the last rounds proposed as the yardstick (the best forward pass is no
    ceiling once the engine's own kernels beat oneDNN's).
 3. The offline engine (no other services), driven in a closed loop (bench/inprocess_engine.py):
@@ -20,7 +20,7 @@ Prints the two ratios (TPOT / floor, target <= 1.15; achieved / roofline, target
 and writes them, with every input figure, as JSON (default docs/img/inprocess_targets.json,
 which bench/run_suite.py's peer report reads).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.inprocess_targets [--threads 2] [--quick]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench inprocess-targets [--threads 2] [--quick]
         [--kv-cache-dtype float16 --json docs/img/inprocess_targets_kv16.json]
 """
 
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         args.c64_requests = min(args.c64_requests, 64)
     result = measure(args)
     print(format_targets(result))
-    result["command"] = "python -m bench.inprocess_targets " + " ".join(argv or sys.argv[1:])
+    result["command"] = "python -m bench inprocess-targets " + " ".join(argv or sys.argv[1:])
     result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     result["tree"] = tree_state()
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ every request on one adapter; requests spread round-robin over four adapters (ea
 mixes them). The adapters are made here with peft (seeded random A and B on all seven
 projections, rank --rank). Target: 4 adapters mixed >= 0.8x the base model's tok/s.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.lora [--rounds 3] [--rank 16] [--threads N] \\
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench lora [--rounds 3] [--rank 16] [--threads N] \\
         [--out docs/img/lora.md]
 """
 
@@ -96,7 +96,7 @@ def markdown(figures: dict, arguments: str) -> str:
             for arm, f in figures["arms"].items()]
     return "\n".join([
         "## Multi-LoRA (issue 34)", "",
-        f"`HF_HUB_OFFLINE=1 .venv/bin/python -m bench.lora {arguments}` on "
+        f"`HF_HUB_OFFLINE=1 .venv/bin/python -m bench lora {arguments}` on "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, in process (the bundled model, "
         f"{figures['dtype']}, greedy, {figures['torch_threads']} torch thread(s); CPU: "
         f"{figures['cpu']}): c{figures['concurrency']} random prompts, 256 tokens in and 128 "

@@ -6,7 +6,7 @@ prompt fresh (a random id prefix, so no arm finds the other's blocks). Reported 
 prompt tokens the model computed (prefix-cache queries minus hits) and the wall time of the
 whole generation, median over --rounds.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.n_fanout [--n 4] [--prompt-len 512] \
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench n-fanout [--n 4] [--prompt-len 512] \
         [--max-tokens 16] [--rounds 3]
 """
 

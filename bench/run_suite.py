@@ -1,16 +1,25 @@
-"""Run the whole benchmark suite and write docs/benchmarks.md with plots (`make bench`).
+"""`python -m bench suite`: every benchmark behind docs/benchmarks.md, then the report itself.
 
-    .venv/bin/python bench/run_suite.py            # full profile, 20-50 min on 2 cores
-    .venv/bin/python bench/run_suite.py --quick    # a tiny version of everything, ~3 min
+    .venv/bin/python -m bench suite --threads 2     # everything, about an hour on 2 cores
+    .venv/bin/python -m bench suite --quick         # a tiny version of everything
+    .venv/bin/python -m bench suite --only peers    # = python -m bench peers
+    .venv/bin/python -m bench suite --report-only   # the report from the stored results
 
-Parts, in order, one server at a time: the practical roofline; KV occupancy (paged vs
-contiguous) over the engine's scheduler; the concurrency sweep against the transformers
-static-batching server (baseline a), then against Conveyor's full pipeline (gateway,
-tokenizer, engine, detok as processes) with the prefix-cache cold/warm test, then against
-the engine in process (baseline b) with the same two tests; decode ITL while a long prompt
-arrives with chunked prefill on and off. A part that fails is recorded in the report and
-the rest still run. Raw results go to img/bench_results.json beside the report;
-`--report-only` rebuilds the report from it.
+Parts, in order, one server at a time:
+- peers: Conveyor next to vLLM-CPU, llama-server and transformers on the named scenarios
+  (bench/suite/peer_comparison.py; a peer not installed by `make peers` is skipped with a
+  note) -> img/bench_peers.json;
+- inprocess-targets: the engine alone against the DRAM floor and the roofline
+  (bench/inprocess_targets.py) -> img/inprocess_targets.json;
+- the full suite: the practical roofline; KV occupancy (paged vs contiguous) over the
+  engine's scheduler; the concurrency sweep against the transformers static-batching server
+  (baseline a), Conveyor's full pipeline with the prefix-cache cold/warm test, and the engine
+  in process (baseline b); decode ITL while a long prompt arrives with chunked prefill on and
+  off -> img/bench_results.json;
+- structured-outputs, speculative, lora: those benchmarks in fresh processes, each writing
+  its own section -> img/<name>.md.
+A part that fails is recorded and the rest still run. The GPU section is `python -m bench gpu
+--out docs/img/gpu_check.md`, run on a GPU machine; the report includes what it wrote.
 """
 
 from __future__ import annotations
@@ -28,13 +37,24 @@ import traceback
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from tqdm import tqdm
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.suite.profile import FULL, QUICK, Profile  # noqa: E402
 
-PARTS = ("roofline", "kv", "hf", "conveyor", "inprocess", "chunked")
+SUITE_PARTS = ("roofline", "kv", "hf", "conveyor", "inprocess", "chunked")
+SECTIONS = {
+    # part: (command, arguments, arguments with --quick); each writes img/<part with _>.md
+    "structured-outputs": ("structured-outputs", ["--rounds", "7"],
+                           ["--rounds", "1", "--num-requests", "4", "--max-tokens", "16"]),
+    "speculative": ("speculative", ["--rounds", "5", "--max-tokens", "128"],
+                    ["--rounds", "1", "--max-tokens", "16"]),
+    "lora": ("lora", ["--rounds", "3"], ["--rounds", "1", "--concurrency", "4"]),
+}
+PARTS = ("peers", "inprocess-targets", *SUITE_PARTS, *SECTIONS)
 MODEL = "smollm2-135m-instruct"
 
 
@@ -197,9 +217,9 @@ def machine_meta(profile: Profile, command: str) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench suite", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="tiny sizes (~3 minutes)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     p.add_argument("--only", default=",".join(PARTS), help=f"parts to run, of {PARTS}")
     p.add_argument("--levels", default=None,
                    help="concurrency levels of the sweep, e.g. 16,32 (default: the profile's)")
@@ -210,32 +230,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads for every system (default: what the engine picks)")
     p.add_argument("--report-only", action="store_true",
-                   help="rebuild the report from the JSON next to it, run nothing")
-    p.add_argument("--peers", action="store_true",
-                   help="run the peer comparison instead (Conveyor, vLLM-CPU, llama-server, "
-                   "transformers static batching; ~21 min, --quick ~3 min); the peers "
-                   "come from `make peers`, one not installed is skipped with a note")
+                   help="rebuild the report from the results next to it, run nothing")
     p.add_argument("--systems", default=None,
-                   help="--peers: only these systems, e.g. conveyor,vllm-cpu")
-    p.add_argument("--conveyor-variant", action="append", default=[],
-                   metavar="NAME:ENV=VALUE[,ENV=VALUE]",
-                   help="--peers: Conveyor once more with these engine settings (an extra "
-                   "row, e.g. a weight format); may be repeated")
+                   help="peers: only these systems, e.g. conveyor,vllm-cpu")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=ENV=VALUE[,...]",
+                   help="peers: Conveyor once more with these engine settings (an extra row, "
+                   "e.g. a weight format); may be repeated")
     return p.parse_args(argv)
 
 
-def run_peers(args: argparse.Namespace, suite: Suite, img_dir: Path, command: str) -> dict:
+def run_peers(args: argparse.Namespace, suite: Suite, command: str) -> dict:
     """The peer comparison; its results as bench_peers.json's content."""
+    from bench.ab import Variant
     from bench.peers.installs import versions
     from bench.serving.workload import PEERS, PEERS_QUICK
-    from bench.suite.peer_comparison import CONVEYOR_ENV, Variant, build_systems, run_comparison
+    from bench.suite.peer_comparison import CONVEYOR_ENV, build_systems, run_comparison
 
     profile = PEERS_QUICK if args.quick else PEERS
-    variants = [Variant.parse(v) for v in args.conveyor_variant]
+    variants = [Variant.parse(v) for v in args.variant]
     systems = build_systems(profile, suite.log_dir, variants)
     if args.systems:
         wanted = {s.strip() for s in args.systems.split(",")}
         systems = [s for s in systems if s.name in wanted]
+    started = time.monotonic()
     meta = machine_meta(QUICK if args.quick else FULL, command)  # the commit that runs
     compared = run_comparison(profile, systems, suite.maker, suite.log)
     meta.update(profile=profile.name, input_len=profile.input_len,
@@ -244,9 +261,23 @@ def run_peers(args: argparse.Namespace, suite: Suite, img_dir: Path, command: st
                 prefix_len=max(s.prefix_len for s in profile.scenarios),
                 versions=versions(), conveyor_env=CONVEYOR_ENV,
                 load_average_start=suite.load_at_start, load_average_end=os.getloadavg()[0],
-                total_s=time.monotonic() - suite.started)
+                total_s=time.monotonic() - started)
     meta.pop("profile_sizes", None)
     return {"meta": meta, **compared}
+
+
+def run_section(part: str, args: argparse.Namespace, img_dir: Path, threads: int) -> None:
+    """A benchmark of its own in a fresh process, writing its section (or JSON) into img/."""
+    if part == "inprocess-targets":
+        argv = ["bench", "inprocess-targets", "--threads", str(threads), "--quick",
+                "--json", str(img_dir / "inprocess_targets.json")]
+        if args.quick:
+            argv += ["--c1-requests", "1", "--c64-requests", "8", "--roofline-tokens", "1,64"]
+    else:
+        command, full, quick = SECTIONS[part]
+        argv = ["bench", command, *(quick if args.quick else full),
+                "--out", str(img_dir / f"{part.replace('-', '_')}.md")]
+    subprocess.run([sys.executable, "-m", *argv], cwd=REPO_ROOT, check=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,43 +291,54 @@ def main(argv: list[str] | None = None) -> int:
                    if args.quick else REPO_ROOT / "docs" / "benchmarks.md")
     doc = (args.out or default_out).resolve()
     img_dir = doc.parent / "img"
+    img_dir.mkdir(parents=True, exist_ok=True)
     from bench.suite.report import PEERS_JSON, RESULTS_JSON, write_report
 
-    results_path = img_dir / (PEERS_JSON if args.peers else RESULTS_JSON)
-    performance_md = REPO_ROOT / "docs" / "performance.md"
     if args.report_only:
-        results = json.loads(results_path.read_text())
         if args.note:  # a note about figures already measured, e.g. a later rerun
+            results_path = img_dir / RESULTS_JSON
+            results = json.loads(results_path.read_text())
             results["meta"]["note"] = args.note
             results_path.write_text(json.dumps(results, indent=2))
-        write_report(doc, img_dir, performance_md)
+        write_report(doc, img_dir)
         print(f"wrote {doc}")
         return 0
-    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "bench/run_suite.py",
-                                                *(argv if argv is not None else sys.argv[1:])])
+    parts = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in parts if n not in PARTS]
+    if unknown:
+        raise SystemExit(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    command = shlex.join([".venv/bin/python", "-m", "bench", "suite",
+                          *(argv if argv is not None else sys.argv[1:])])
     suite = Suite(profile, doc.parent / "bench-logs" if args.quick else
                   Path(tempfile.gettempdir()) / "conveyor-bench-logs")
     threads = pin_threads(args.threads)
-    suite.log(f"profile {profile.name}; torch threads {threads} for every system; "
+    suite.log(f"parts {', '.join(parts)}; torch threads {threads} for every system; "
               f"service logs in {suite.log_dir}")
     if suite.load_at_start > 0.5 * (os.cpu_count() or 1):
         suite.log(f"WARNING: load average {suite.load_at_start:.1f} on {os.cpu_count()} CPUs: "
                   "other work shares the cores, the figures will be noisy")
-    if args.peers:
-        results = run_peers(args, suite, img_dir, command)
-    else:
-        for name in [n.strip() for n in args.only.split(",") if n.strip()]:
-            if name not in PARTS:
-                raise SystemExit(f"unknown part {name!r}; choose from {', '.join(PARTS)}")
+    failed = []
+    for name in tqdm(parts, unit="part", file=sys.stderr):
+        if name == "peers":
+            (img_dir / PEERS_JSON).write_text(json.dumps(run_peers(args, suite, command),
+                                                         indent=2))
+        elif name in SUITE_PARTS:
             suite.part(name, getattr(suite, name))
+        else:
+            suite.log(f"--- {name}")
+            try:
+                run_section(name, args, img_dir, threads)
+            except subprocess.CalledProcessError as exc:
+                failed.append(f"{name}: exit {exc.returncode}")
+    if any(name in SUITE_PARTS for name in parts):
         results = {"meta": {**machine_meta(profile, command), "note": args.note,
                             "load_average_start": suite.load_at_start,
                             "total_s": time.monotonic() - suite.started}, **suite.results}
-    results_path.parent.mkdir(parents=True, exist_ok=True)
-    results_path.write_text(json.dumps(results, indent=2))
-    write_report(doc, img_dir, performance_md)
-    suite.log(f"wrote {doc} and {results_path}")
-    return 1 if results["errors"] else 0
+        (img_dir / RESULTS_JSON).write_text(json.dumps(results, indent=2))
+        failed += [f"{k}: {v}" for k, v in suite.results["errors"].items()]
+    write_report(doc, img_dir)
+    suite.log(f"wrote {doc}" + (f"; failed: {'; '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

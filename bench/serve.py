@@ -26,9 +26,6 @@ from pathlib import Path
 
 from bench.offline import add_common_args, child_argv, profile_of, scenario_figures
 
-ENGINE_ENV = {"CONVEYOR_ENGINE_KV_CACHE_GIB": "4", "CONVEYOR_ENGINE_MAX_NUM_WAITING_TOKENS": "0"}
-"""The engine as the peer comparison runs it (bench/suite/peer_comparison.py: CONVEYOR_ENV)."""
-
 
 def cpu_figures(out: dict) -> dict[str, float]:
     """{"c1 CPU ms/token gateway": ...}: each process's CPU per output token, per scenario."""
@@ -58,7 +55,9 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     if args.base_url:
         target = HttpTarget("server", args.base_url, os.environ.get("BENCH_API_KEY"))
         return scenario_figures(run_system(target, maker, profile, names))
-    os.environ.update(ENGINE_ENV)  # the services and the in-process engine read the same
+    from bench.suite.peer_comparison import CONVEYOR_ENV
+
+    os.environ.update(CONVEYOR_ENV)  # the services and the in-process engine read the same
     if args.threads:
         os.environ["CONVEYOR_ENGINE_TORCH_THREADS"] = str(args.threads)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-serve-"))

@@ -10,7 +10,7 @@ nobody, the scheduler's n-gram proposer, the runner's draft model), in rotating 
 - c16 "random": random prompts (ignore_eos): output tok/s, where speculation must back off
   (it speculates only while at most speculative_max_running requests run).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.speculative [--k 4] [--rounds 5] \\
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench speculative [--k 4] [--rounds 5] \\
         [--max-tokens 128] [--draft-weight-format q4_1_int8] [--out docs/img/speculative.md]
 """
 
@@ -172,7 +172,7 @@ def markdown(figures: dict, arguments: str) -> str:
                 f"{targets.get((name, arm), 'report')} |")
     return "\n".join([
         "## Speculative decoding (issue 35)", "",
-        f"`HF_HUB_OFFLINE=1 .venv/bin/python -m bench.speculative {arguments}` on "
+        f"`HF_HUB_OFFLINE=1 .venv/bin/python -m bench speculative {arguments}` on "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, in process (the bundled model, "
         f"{figures['dtype']}, greedy, {figures['torch_threads']} torch thread(s): the engine's "
         f"default, the cores idle at start; CPU: {figures['cpu']}), k = {figures['k']} "

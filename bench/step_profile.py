@@ -27,7 +27,7 @@ oneDNN's packed GEMM instead of the column-major GEMV (model/cpu_linear.py).
 (what the served pipeline's gateway, detok and client do around each token); --pulse 1:0
 keeps one core busy all the time.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.step_profile [--threads N] [--concurrency 1,16,64]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench step-profile [--threads N] [--concurrency 1,16,64]
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ alternating over --rounds (after a warm-up round):
   vs without, vs a thread at the same priority that only keeps a core busy (the control:
   what any second busy core costs the step loop on the machine).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.structured_outputs [--concurrency 16] \\
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench structured-outputs [--concurrency 16] \\
         [--num-requests 32] [--max-tokens 96] [--rounds 5]
 """
 
@@ -216,7 +216,7 @@ def markdown(figures: dict, arguments: str) -> str:
     compile_ms = figures["person_schema_compile"]
     return "\n".join([
         "## Structured outputs (issue 29)", "",
-        f"`HF_HUB_OFFLINE=1 .venv/bin/python -m bench.structured_outputs {arguments}` on "
+        f"`HF_HUB_OFFLINE=1 .venv/bin/python -m bench structured-outputs {arguments}` on "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, in process (the bundled model, "
         f"{figures['dtype']} (the engine's dtype auto on this CPU), the engine's default torch "
         f"threads), c{figures['concurrency']}, "

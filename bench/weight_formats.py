@@ -10,7 +10,7 @@ For the two accuracy figures every step reads the format (its row limit lifted),
 show the whole cost of the format, not the mix of fp32 prefill and quantized decode that
 serving runs; per row a quantized layer computes the same at any row count.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/weight_formats.py [--formats fp32,fp16,q8_0,q4_1]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench weight-formats [--formats fp32,fp16,q8_0,q4_1]
         [--threads 2] [--rounds 3] [--decode-tokens 64] [--rows 1,2,4,8,16] [--json PATH]
 
 A format may name a variant of its block kernels: `q4_1@REV` runs the kernels of commit REV
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             "decode_weight_mb": decode_weight_bytes(llm) / 1e6})
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "threads": args.threads, "load_average": list(_load()),
-              "command": "bench/weight_formats.py " + " ".join(argv or sys.argv[1:]),
+              "command": "python -m bench weight-formats " + " ".join(argv or sys.argv[1:]),
               "results": results}
     if args.rows:
         report["kernels"] = kernel_table(llms, [int(r) for r in args.rows.split(",")])

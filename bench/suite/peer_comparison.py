@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.ab import Variant
 from bench.peers.installs import missing_reason
 from bench.serving.workload import PeerProfile
 from bench.suite import machine_probe
@@ -32,22 +33,6 @@ class System:
     scenarios: tuple[str, ...]
     start: Callable[[], contextlib.AbstractContextManager]
     missing: Callable[[], str | None] = lambda: None
-
-
-@dataclass(frozen=True, slots=True)
-class Variant:
-    """Conveyor with some engine settings, e.g. `int8:CONVEYOR_ENGINE_WEIGHT_FORMAT=int8`."""
-
-    name: str
-    env: dict[str, str]
-
-    @classmethod
-    def parse(cls, spec: str) -> Variant:
-        name, sep, assignments = spec.partition(":")
-        env = dict(a.split("=", 1) for a in assignments.split(",") if "=" in a)
-        if not sep or not name or not env:
-            raise ValueError(f"variant {spec!r}: expected NAME:ENV=VALUE[,ENV=VALUE...]")
-        return cls(name, env)
 
 
 CONVEYOR_ENV = {"CONVEYOR_ENGINE_KV_CACHE_GIB": "4", "CONVEYOR_ENGINE_MAX_NUM_WAITING_TOKENS": "0"}

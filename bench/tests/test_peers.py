@@ -22,9 +22,9 @@ from bench.serving.workload import (
     scenario_requests,
 )
 from bench.suite import cpu_time
-from bench.suite.peer_comparison import System, Variant, run_comparison
-from bench.suite.peer_report import levers_rows, render_peers
-from bench.suite.peer_targets import check_peer_targets
+from bench.suite.goals import check_peer_targets
+from bench.suite.peer_comparison import System, run_comparison
+from bench.suite.report import render_peers
 from bench.suite.scenarios import run_system
 from devkit.ports import free_port
 
@@ -141,13 +141,6 @@ def test_commands_and_missing_peers(tmp_path, monkeypatch):
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
     assert installs.missing_reason("llama-server") is None
-
-
-def test_variant_parse():
-    v = Variant.parse("int8:CONVEYOR_ENGINE_WEIGHT_FORMAT=int8,X=1")
-    assert v.name == "int8" and v.env == {"CONVEYOR_ENGINE_WEIGHT_FORMAT": "int8", "X": "1"}
-    with pytest.raises(ValueError, match="NAME:ENV=VALUE"):
-        Variant.parse("int8")
 
 
 class FakeTarget:
@@ -347,29 +340,16 @@ def test_inprocess_targets_from_their_json():
     assert "80% of the FMA peak of 2 threads at once (50.0 GFLOP/s)" in row.measured
 
 
-def test_levers_rows_come_from_their_section(tmp_path):
-    md = tmp_path / "performance.md"
-    md.write_text("# x\n\n## Levers tried (issue 19)\n\ntext\n\n| lever | prediction | measured "
-                  "effect | command |\n|---|---|---|---|\n| fp16 | 2x | 1.8x | `cmd` |\n\n"
-                  "## Other\n| not | this |\n")
-    assert levers_rows(md) == ["| lever | prediction | measured effect | command |",
-                               "|---|---|---|---|", "| fp16 | 2x | 1.8x | `cmd` |"]
-    assert levers_rows(tmp_path / "missing.md") == []
-
-
 def test_peer_section_renders_targets_tables_and_plots(tmp_path):
     doc = tmp_path / "benchmarks.md"
-    md = tmp_path / "performance.md"
-    md.write_text("## Levers tried (issue 19)\n| a | b | c | d |\n|---|---|---|---|\n"
-                  "| fp16 | 2x | 1.8x | `cmd` |\n")
     text = "\n".join(render_peers(peers_results(), doc, tmp_path / "img", None,
-                                  {"prefix-slowdown": "the prefix K/V read per row"}, md))
+                                  {"prefix-slowdown": "the prefix K/V read per row"}))
     for name in ("bench_peers_throughput.png", "bench_peers_c1.png"):
         assert (tmp_path / "img" / name).stat().st_size > 1000 and f"img/{name}" in text
     assert "| c16 | llama-server | Q4_1 | 24.0 |" in text
     assert "| 16 (0 failed) | 1.50 | engine 1.50" in text  # 15 CPU s over 10 s, client left out
     assert "the prefix K/V read per row" in text and "hf-static: not run: not installed" in text
-    assert "| fp16 | 2x | 1.8x | `cmd` |" in text and "engine 1.50, client 0.10" in text
+    assert "engine 1.50, client 0.10" in text
 
 
 def test_scenario_defaults():

@@ -6,9 +6,9 @@ from bench.kernels import roofline
 from bench.kernels.model_shapes import LinearShape, model_flops, params_per_token
 from bench.kernels.roofline import KERNELS, measure_forward
 from bench.kv_occupancy import measure_occupancy, mixed_workload
+from bench.suite.goals import check_targets
 from bench.suite.profile import FULL, QUICK
 from bench.suite.report import render
-from bench.suite.targets_check import check_targets
 
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
            "num_key_value_heads": 3, "head_dim": 64, "num_hidden_layers": 30,

