@@ -48,9 +48,9 @@ def child_argv(command: str, args: argparse.Namespace, flags: tuple[str, ...] = 
 
 
 def profile_of(args: argparse.Namespace):
-    from bench.serving.workload import PEERS, PEERS_QUICK
+    from bench.serving.workload import FULL, QUICK
 
-    profile = PEERS_QUICK if args.quick else PEERS
+    profile = QUICK if args.quick else FULL
     names = args.scenario.split(",")
     unknown = set(names) - {s.name for s in profile.scenarios}
     if unknown:

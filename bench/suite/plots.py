@@ -1,6 +1,5 @@
-"""PNG plots of the benchmarks' results (matplotlib, Agg backend: no display needed): the full
-suite's sweep, prefix, KV and chunked-prefill figures, and the peer comparison's throughput per
-scenario and single-stream latency."""
+"""PNG plots of the benchmarks' results (matplotlib, Agg backend: no display needed): every
+system's throughput per scenario and single-stream latency, KV occupancy and chunked prefill."""
 
 from __future__ import annotations
 
@@ -11,77 +10,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-SYSTEMS = ("conveyor", "in-process", "hf-static")
-LABELS = {"conveyor": "Conveyor (gateway+tokenizer+engine+detok)",
-          "in-process": "engine in process (offline API)",
-          "hf-static": "transformers generate, static batching"}
-
-
-def _series(results: dict, system: str, key: str) -> tuple[list[int], list[float]]:
-    points = [p for p in results.get("sweep", {}).get(system, []) if p["completed"]]
-    return [p["concurrency"] for p in points], [p[key] for p in points]
-
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def throughput_plot(results: dict, path: Path) -> Path | None:
-    if not results.get("sweep"):
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for system in SYSTEMS:
-        x, y = _series(results, system, "output_throughput")
-        if x:
-            ax.plot(x, y, marker="o", label=LABELS[system])
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency (requests in flight)")
-    ax.set_ylabel("output tokens / s")
-    ax.set_title("Output throughput vs concurrency")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def latency_plot(results: dict, path: Path) -> Path | None:
-    if not results.get("sweep"):
-        return None
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, metric in zip(axes, ("ttft", "tpot"), strict=True):
-        for system in SYSTEMS:
-            for pct, style in (("p50", "-"), ("p99", "--")):
-                x, y = _series(results, system, f"{pct}_{metric}_ms")
-                if x:
-                    ax.plot(x, y, style, marker="o", label=f"{system} {pct}")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel(f"{metric.upper()} (ms)")
-        ax.set_title(f"{metric.upper()} p50 / p99 vs concurrency")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    return _save(fig, path)
-
-
-def prefix_plot(results: dict, path: Path) -> Path | None:
-    prefix = results.get("prefix")
-    if not prefix:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    names = list(prefix)
-    for i, name in enumerate(names):
-        cold, warm = prefix[name]["cold"]["p50_ttft_ms"], prefix[name]["warm"]["p50_ttft_ms"]
-        ax.bar([i - 0.2], [cold], 0.4, color="tab:red", label="cold" if i == 0 else None)
-        ax.bar([i + 0.2], [warm], 0.4, color="tab:green", label="warm" if i == 0 else None)
-    ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("p50 TTFT (ms)")
-    some = next(iter(prefix.values()))
-    ax.set_title(f"Prefix cache: {some['prefix_len']}-token system prompt, concurrency 1")
-    ax.legend()
-    return _save(fig, path)
 
 
 def kv_plot(results: dict, path: Path) -> Path | None:
@@ -119,15 +53,14 @@ def chunked_plot(results: dict, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def make_plots(results: dict, img_dir: Path) -> dict[str, Path]:
+def make_engine_plots(results: dict, img_dir: Path) -> dict[str, Path]:
     img_dir.mkdir(parents=True, exist_ok=True)
-    makers = {"throughput": throughput_plot, "latency": latency_plot, "prefix": prefix_plot,
-              "kv": kv_plot, "chunked": chunked_plot}
+    makers = {"kv": kv_plot, "chunked": chunked_plot}
     made = {name: fn(results, img_dir / f"bench_{name}.png") for name, fn in makers.items()}
     return {name: path for name, path in made.items() if path is not None}
 
 
-# -- the peer comparison -------------------------------------------------------------------
+# -- the systems on the scenarios -----------------------------------------------------------
 
 THROUGHPUT_SCENARIOS = ("c16", "c16-prefix", "mixed", "c64", "c64-prefix")
 
@@ -174,10 +107,12 @@ def peer_throughput_plot(peers: dict, path: Path) -> Path | None:
 def single_stream_plot(peers: dict, path: Path) -> Path | None:
     if not any(_value(peers, m, "c1", "p50_tpot_ms") for m in _systems(peers)):
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for ax, key, title in ((axes[0], "p50_ttft_ms", "TTFT p50 (ms)"),
-                           (axes[1], "p50_tpot_ms", "TPOT p50 (ms)")):
-        _grouped_bars(ax, peers, ["c1"], key)
+    ttft = [s for s in ("c1", "c1-prefix-cold", "c1-prefix")
+            if any(_value(peers, m, s, "p50_ttft_ms") for m in _systems(peers))]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), width_ratios=(len(ttft), 1))
+    for ax, key, title, scenarios in ((axes[0], "p50_ttft_ms", "TTFT p50 (ms)", ttft),
+                                      (axes[1], "p50_tpot_ms", "TPOT p50 (ms)", ["c1"])):
+        _grouped_bars(ax, peers, scenarios, key)
         ax.set_title(f"concurrency 1: {title}", fontsize=9)
         ax.grid(alpha=0.3, axis="y")
     axes[1].legend(fontsize=7)

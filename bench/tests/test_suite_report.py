@@ -1,4 +1,4 @@
-"""Target checks and the report from synthetic results; roofline and KV helpers."""
+"""Issue 7's targets and the report from synthetic results; roofline and KV helpers."""
 
 import pytest
 
@@ -7,7 +7,6 @@ from bench.kernels.model_shapes import LinearShape, model_flops, params_per_toke
 from bench.kernels.roofline import KERNELS, measure_forward
 from bench.kv_occupancy import measure_occupancy, mixed_workload
 from bench.suite.goals import check_targets
-from bench.suite.profile import FULL, QUICK
 from bench.suite.report import render
 
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
@@ -23,17 +22,10 @@ def point(concurrency, out_tps, ttft=100.0, tpot=50.0, total=None):
 
 
 def results():
+    """The engine parts' results (bench_results.json)."""
     return {
         "meta": {"command": "cmd", "profile": "quick", "date": "d", "commit": "c", "cpu": "x",
-                 "num_cpus": 2, "torch": "t", "threads": 2, "model": "m", "dtype": "float32",
-                 "input_len": 256, "output_len": 64},
-        "sweep": {
-            "hf-static": [point(1, 10, tpot=100), point(16, 20), point(32, 20)],
-            "conveyor": [point(1, 30, ttft=103, tpot=25), point(16, 70), point(32, 70)],
-            "in-process": [point(1, 31, ttft=100), point(16, 75), point(32, 100, total=1000)],
-        },
-        "prefix": {"conveyor": {"prefix_len": 1000, "cold": {"p50_ttft_ms": 600.0},
-                                "warm": {"p50_ttft_ms": 100.0}}},
+                 "num_cpus": 2, "torch": "t", "threads": 2},
         "kv": {"paged": 0.99, "contiguous_max_tokens": 0.8, "contiguous_max_model_len": 0.3,
                "block_size": 16, "max_model_len": 2048},
         "roofline": {"threads": 2, "params_per_token": 134_500_000, "peak": {"float32": 100.0},
@@ -48,28 +40,41 @@ def results():
     }
 
 
+def systems():
+    """Scenario figures of the three systems issue 7 compares (bench_peers.json's part)."""
+    def system(**scenarios):
+        return {"scenarios": scenarios}
+
+    return {"systems": {
+        "conveyor": system(c1=point(1, 30, ttft=103, tpot=25), c16=point(16, 70),
+                           c64=point(64, 70), **{"c1-prefix": point(1, 5, ttft=100.0),
+                                                 "c1-prefix-cold": point(1, 5, ttft=600.0)}),
+        "in-process": system(c1=point(1, 31, ttft=100), c16=point(16, 75), c64=point(64, 100)),
+        "hf-static": system(c1=point(1, 10, tpot=100), c16=point(16, 20), c64=point(64, 20)),
+    }}
+
+
 def test_targets_met_and_not_met():
-    rows = {r.target: r for r in check_targets(results())}
-    status = [r.status for r in rows.values()]
-    assert status == ["met", "not met", "met", "met", "not met", "met", "met", "met", "met"]
-    flops = next(r for r in rows.values() if "FLOP" in r.target)
-    assert "269.0 GFLOP/s" in flops.measured and "90%" in flops.measured
-    assert "+3.0 ms" in next(r.measured for r in rows.values() if "TTFT (c" in r.target
-                             or "p50 TTFT" in r.target)
+    rows = check_targets(systems(), results())
+    assert [r.status for r in rows] == ["met", "not met", "met", "not met", "met", "met", "met",
+                                        "met"]
+    assert rows[4].measured == "103.0 vs 100.0 ms = +3.0 ms"
+    assert rows[5].measured == "cold 600.0 ms, warm 100.0 ms = 6.0x"
+    assert rows[7].measured.endswith("= 4.00x")
 
 
 def test_missing_parts_are_not_measured():
-    rows = check_targets({"sweep": {}, "meta": {}})
+    rows = check_targets({"systems": {}})
     assert {r.status for r in rows} == {"not measured"}
 
 
-def test_report_renders_tables_and_plots(tmp_path):
+def test_report_renders_the_engine_parts_with_their_plots(tmp_path):
     doc = tmp_path / "benchmarks.md"
     text = render(results(), doc, tmp_path / "img")
-    for name in ("throughput", "latency", "prefix", "kv", "chunked"):
+    for name in ("kv", "chunked"):
         assert (tmp_path / "img" / f"bench_{name}.png").stat().st_size > 1000
         assert f"img/bench_{name}.png" in text
-    assert "| conveyor | 16 |" in text and "**not met**" in text
+    assert "| on | 256 | 50.0 | 60.0 |" in text and "**300.0** (aten)" in text
 
 
 def test_params_and_model_flops_of_smollm2():
@@ -103,55 +108,6 @@ def test_paged_kv_holds_real_tokens():
     occupancy = measure_occupancy(mixed_workload(40, seed=1), block_size=16)
     assert occupancy.paged > 0.95 > occupancy.contiguous_max_tokens
     assert occupancy.contiguous_max_model_len < occupancy.contiguous_max_tokens
-
-
-def test_profiles():
-    assert FULL.num_prompts(16) == 32 and QUICK.num_prompts(1) == QUICK.min_prompts
-    assert 16 in FULL.concurrency_levels and 32 in FULL.concurrency_levels
-
-
-class FakeTarget:
-    name = "fake"
-
-    def __init__(self):
-        self.calls = []
-
-    def run(self, requests, concurrency, num_warmup=1, duration_s=None):
-        from bench.serving.client import RequestResult
-        from bench.serving.metrics import calculate_metrics
-
-        self.calls.append(concurrency)
-        results = [RequestResult(prompt_len=r.prompt_len, success=True, ttft=0.1, latency=0.5,
-                                 itl=[0.1] * 3, output_tokens=r.max_tokens) for r in requests]
-        return calculate_metrics(results, 1.0), results
-
-
-class FakeMaker:
-    def random_requests(self, num, input_len, output_len):
-        from bench.serving.workload import BenchRequest
-
-        return [BenchRequest("x", input_len, output_len) for _ in range(num)]
-
-
-def test_sweep_measures_every_level_within_budget():
-    from bench.suite.workloads import concurrency_sweep
-
-    target = FakeTarget()
-    points = concurrency_sweep(target, FakeMaker(), QUICK, log=lambda _: None)
-    assert [p["concurrency"] for p in points] == list(QUICK.concurrency_levels)
-    assert target.calls == [4, 1, 4]  # the warm-up burst, then each level
-    assert points[0]["output_throughput"] == QUICK.num_prompts(1) * QUICK.output_len
-
-
-def test_sweep_past_its_budget_reports_the_levels_skipped():
-    from dataclasses import replace
-
-    from bench.suite.workloads import SweepOverBudget, concurrency_sweep
-
-    with pytest.raises(SweepOverBudget, match=r"concurrency \[1, 4\] skipped") as stop:
-        concurrency_sweep(FakeTarget(), FakeMaker(), replace(QUICK, sweep_budget_s=-1),
-                          log=lambda _: None)
-    assert stop.value.points == []
 
 
 def test_report_only_rebuilds_from_the_json_with_a_new_note(tmp_path):
