@@ -106,16 +106,14 @@ def instrument(llm, timer: PartTimer) -> None:
 
 def start_requests(llm, n: int, seed: int) -> None:
     """Add n requests and step until each has its first token (prefill done)."""
-    import random
-
+    from bench.serving.workload import load_prompt_maker
     from conveyor.engine.engine_request import EngineRequest
     from conveyor.engine.sampling_params import SamplingParams
 
-    rng = random.Random(seed)
+    maker = load_prompt_maker(seed=seed)
     params = SamplingParams(temperature=0.0, max_tokens=1024, ignore_eos=True)
     for i in range(n):
-        prompt = [rng.randrange(100, 49152) for _ in range(PROMPT_LEN)]
-        llm.core.add_request(EngineRequest(f"p{n}-{i}", prompt, params))
+        llm.core.add_request(EngineRequest(f"p{n}-{i}", maker.random_ids(PROMPT_LEN), params))
     started: set[str] = set()
     while len(started) < n:
         started.update(d.request_id for d in llm.core.step())
