@@ -9,7 +9,7 @@ import os
 import jsonschema
 import pytest
 
-from bench.structured_outputs import PERSON, CompileLoad, compile_times, slow_schema
+from bench.structured_outputs import PERSON, compile_load, compile_times, slow_schema
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -44,8 +44,9 @@ def test_the_compile_load_compiles_new_grammars_until_stopped(compiler_factory):
 
     from conveyor.engine import StructuredOutputsParams
 
-    with CompileLoad(compiler_factory, StructuredOutputsParams) as load:
+    compiler = compiler_factory()
+    with compile_load(compiler, StructuredOutputsParams) as load:
         deadline = time.monotonic() + 60
-        while load.num_compiled < 2 and time.monotonic() < deadline:
+        while load.count < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert load.num_compiled >= 2 and load.compiler.num_cached == min(load.num_compiled, 4)
+    assert load.count >= 2 and compiler.num_cached == min(load.count, 4)
