@@ -1,8 +1,11 @@
-"""Make `bench` importable from the repository root (it is not an installed package)."""
+"""Fixtures the bench tests share; their fakes and result builders are in fakes.py."""
 
-import sys
-from pathlib import Path
+import pytest
 
-ROOT = str(Path(__file__).resolve().parents[2])
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from bench.serving.workload import PromptMaker, load_prompt_maker
+
+
+@pytest.fixture(scope="session")
+def maker() -> PromptMaker:
+    """Prompts from the bundled model's tokenizer (loaded once)."""
+    return load_prompt_maker(seed=0)

@@ -4,19 +4,17 @@ import httpx
 import pytest
 
 from bench.serving.client import ChunkTimer, RequestResult, parse_sse_line, send_completion
-from bench.tests.fake_sse import FakeServer
-
-URL = "http://fake/v1/completions"
+from bench.tests.fakes import FakeServer
 
 
 async def send(server: FakeServer, max_tokens: int) -> RequestResult:
     async with httpx.AsyncClient(transport=server.transport()) as client:
-        return await send_completion(client, URL, {"prompt": "x", "max_tokens": max_tokens}, 7)
+        return await send_completion(client, "http://fake/v1/completions",
+                                     {"prompt": "x", "max_tokens": max_tokens}, 7)
 
 
 async def test_ttft_itl_and_tokens_from_the_stream():
-    server = FakeServer(first_delay_s=0.1, gap_s=0.02)
-    r = await send(server, 5)
+    r = await send(FakeServer(first_delay_s=0.1, gap_s=0.02), 5)
     assert r.success and r.output_tokens == 5
     assert r.ttft == pytest.approx(0.1, abs=0.08) and r.ttft >= 0.1
     assert len(r.itl) == 4 and all(g >= 0.015 for g in r.itl)
@@ -24,17 +22,14 @@ async def test_ttft_itl_and_tokens_from_the_stream():
     assert r.prompt_tokens_reported == 7
 
 
-async def test_without_usage_each_chunk_is_one_token():
+async def test_without_usage_each_chunk_is_one_token_and_an_http_error_fails():
     r = await send(FakeServer(first_delay_s=0, gap_s=0, send_usage=False), 3)
     assert r.success and r.output_tokens == 3
-
-
-async def test_http_error_is_a_failed_request():
     r = await send(FakeServer(status=429), 3)
     assert not r.success and r.error.startswith("HTTP 429")
 
 
-def test_usage_chunk_is_not_a_token_event():
+def test_usage_chunk_is_not_a_token_event_and_no_token_is_a_failure():
     r = RequestResult(prompt_len=1)
     timer = ChunkTimer(r, start=10.0)
     timer.on_event({"choices": [{"text": "a"}]}, 10.5)
@@ -43,15 +38,9 @@ def test_usage_chunk_is_not_a_token_event():
     timer.finish()
     assert (r.ttft, r.itl, r.latency, r.output_tokens) == (0.5, [pytest.approx(0.2)],
                                                            pytest.approx(0.7), 4)
-
-
-def test_no_token_is_a_failure():
-    r = RequestResult(prompt_len=1)
-    assert not ChunkTimer(r, 0.0).finish().success
+    assert not ChunkTimer(RequestResult(prompt_len=1), 0.0).finish().success
 
 
 def test_parse_sse_line():
     assert parse_sse_line('data: {"a": 1}') == {"a": 1}
-    assert parse_sse_line("data: [DONE]") is None
-    assert parse_sse_line(": keep-alive") is None
-    assert parse_sse_line("") is None
+    assert [parse_sse_line(line) for line in ("data: [DONE]", ": keep-alive", "")] == [None] * 3

@@ -2,60 +2,53 @@
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
-from bench.baselines.hf_static_server import BatchStreamer, Pending, prompt_ids_of
+from bench.baselines.hf_static_server import (
+    BatchStreamer,
+    Pending,
+    StaticBatcher,
+    create_app,
+    prompt_ids_of,
+)
 from bench.baselines.incremental_text import IncrementalText
 
 
-class FakeTokenizer:
-    """Decodes id i as chr(i); id 0 is half a character (U+FFFD) until another follows."""
-
-    def decode(self, ids, skip_special_tokens=True):
-        text = "".join(chr(i) for i in ids if i)
-        return text + "\ufffd" if ids and ids[-1] == 0 else text
+def decode(ids, skip_special_tokens=True):
+    """Id i is chr(i); id 0 is half a character (U+FFFD) until another follows."""
+    text = "".join(chr(i) for i in ids if i)
+    return text + "\ufffd" if ids and ids[-1] == 0 else text
 
 
 async def drain(pending: Pending) -> list:
     await asyncio.sleep(0)
-    items = []
-    while not pending.out.empty():
-        items.append(pending.out.get_nowait())
-    return items
+    return [pending.out.get_nowait() for _ in range(pending.out.qsize())]
 
 
-async def test_streamer_stops_each_row_at_its_own_max_tokens():
+async def test_streamer_ends_each_row_at_its_max_tokens_its_eos_or_the_batch_end():
     import torch
 
     loop = asyncio.get_running_loop()
-    short, long = Pending([1], 1, True, loop), Pending([1, 2], 3, True, loop)
-    streamer = BatchStreamer([short, long], eos_token_id=2)
-    streamer.put(torch.tensor([[0, 1], [1, 2]]))  # the prompt: not streamed
-    for step in range(3):
-        streamer.put(torch.tensor([10 + step, 20 + step]))
+    # EOS is 2: `short` stops at its max_tokens, `stops` at EOS, `ignores` runs past EOS to its
+    # max_tokens, `cut` is still short of its own when the batch ends
+    short, stops, ignores, cut = (Pending([1], n, ignore, loop)
+                                  for n, ignore in ((1, True), (5, False), (3, True), (9, True)))
+    streamer = BatchStreamer([short, stops, ignores, cut], eos_token_id=2)
+    streamer.put(torch.tensor([[0, 2]] * 4))  # the prompt, EOS in it too: not streamed
+    for step in ([10, 2, 2, 20], [11, 7, 7, 21], [12, 8, 8, 22]):
+        streamer.put(torch.tensor(step))
     streamer.end()
     assert await drain(short) == [(10, True)]
-    assert await drain(long) == [(20, False), (21, False), (22, True)]
-
-
-async def test_streamer_ends_a_row_at_eos_unless_ignore_eos():
-    import torch
-
-    loop = asyncio.get_running_loop()
-    stops, ignores = Pending([1], 5, False, loop), Pending([1], 2, True, loop)
-    streamer = BatchStreamer([stops, ignores], eos_token_id=2)
-    streamer.put(torch.tensor([[1], [1]]))
-    streamer.put(torch.tensor([2, 2]))
-    streamer.put(torch.tensor([7, 7]))
-    streamer.end()
     assert await drain(stops) == [(2, True)]
-    assert await drain(ignores) == [(2, False), (7, True)]
+    assert await drain(ignores) == [(2, False), (7, False), (8, True)]
+    assert await drain(cut) == [(20, False), (21, False), (22, False), (None, True)]
 
 
 def test_incremental_text_holds_back_half_characters():
-    text = IncrementalText(FakeTokenizer())
+    text = IncrementalText(SimpleNamespace(decode=decode))
     assert text.add(ord("a")) == "a"
     assert text.add(0) == ""
     assert text.add(ord("b")) == "b"
@@ -63,20 +56,18 @@ def test_incremental_text_holds_back_half_characters():
 
 
 def test_prompt_forms():
-    class Tok:
-        def __call__(self, text, add_special_tokens):
-            return type("E", (), {"input_ids": [len(text)]})()
+    def tokenizer(text, add_special_tokens):
+        return SimpleNamespace(input_ids=[len(text)])
 
-    assert prompt_ids_of("abc", Tok()) == [3]
-    assert prompt_ids_of([5, 6], Tok()) == [5, 6]
+    assert prompt_ids_of("abc", tokenizer) == [3]
+    assert prompt_ids_of([5, 6], tokenizer) == [5, 6]
     with pytest.raises(ValueError):
-        prompt_ids_of(["a", "b"], Tok())
+        prompt_ids_of(["a", "b"], tokenizer)
 
 
 @pytest.mark.slow
 async def test_real_server_batches_and_streams():
     from bench.baselines.hf_model import load_hf_model
-    from bench.baselines.hf_static_server import StaticBatcher, create_app
 
     model, tokenizer = load_hf_model()
     app = create_app(StaticBatcher(model, tokenizer, max_batch_size=4), "m")
@@ -102,20 +93,11 @@ async def test_real_server_batches_and_streams():
 def test_a_loader_runs_on_the_batcher_thread_and_its_error_is_raised():
     """All of the model's torch work on one thread: the batcher's thread loads it."""
     import threading
-    from types import SimpleNamespace
-
-    from bench.baselines.hf_static_server import StaticBatcher
 
     tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=2)
-    seen = {}
-
-    def load():
-        seen["thread"] = threading.current_thread().name
-        return "model"
-
-    batcher = StaticBatcher(load, tokenizer, max_batch_size=2)
+    batcher = StaticBatcher(lambda: threading.current_thread().name, tokenizer, max_batch_size=2)
     batcher.wait_loaded()
-    assert seen["thread"] == "static-batcher" and batcher.model == "model"
+    assert batcher.model == "static-batcher"  # what the loader returned: its thread's name
 
     def broken():
         raise OSError("no weights here")

@@ -1,6 +1,6 @@
 """The in-process closed loop and the chunked-prefill gap split, over a fake engine core."""
 
-from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
@@ -9,62 +9,27 @@ from bench.inprocess_engine import run_inprocess
 from bench.serving.workload import BenchRequest
 
 
-@dataclass
-class Delta:
-    request_id: str
-    new_token_ids: list
-    finish_reason: str | None = None
-    error: str | None = None
-
-    @property
-    def finished(self):
-        return self.finish_reason is not None
-
-
-@dataclass
 class FakeCore:
-    """Each step gives every live request one token; tracks the most live at once."""
+    """Each step gives every live request one token; records the most live at once."""
 
-    live: dict = field(default_factory=dict)
-    max_live: int = 0
+    def __init__(self):
+        self.live, self.max_live = {}, 0
 
     def add_request(self, request):
         self.live[request.request_id] = request.sampling_params.max_tokens
         self.max_live = max(self.max_live, len(self.live))
 
-    @property
-    def has_unfinished_requests(self):
-        return bool(self.live)
-
-    @property
-    def unfinished_request_ids(self):
-        return list(self.live)
-
-    def abort(self, ids):
-        for request_id in ids:
-            self.live.pop(request_id, None)
-
     def step(self):
-        deltas = []
-        for request_id in list(self.live):
-            self.live[request_id] -= 1
-            done = self.live[request_id] == 0
-            deltas.append(Delta(request_id, [5], "length" if done else None))
-            if done:
-                del self.live[request_id]
+        self.live = {request_id: left - 1 for request_id, left in self.live.items()}
+        deltas = [SimpleNamespace(request_id=request_id, new_token_ids=[5], finished=not left,
+                                  error=None) for request_id, left in self.live.items()]
+        self.live = {request_id: left for request_id, left in self.live.items() if left}
         return deltas
 
 
-class FakeLLM:
-    def __init__(self):
-        self.core = FakeCore()
-
-    def get_tokenizer(self):
-        return lambda text, add_special_tokens: {"input_ids": [1] * len(text.split())}
-
-
 def test_closed_loop_keeps_concurrency_and_counts_tokens():
-    llm = FakeLLM()
+    llm = SimpleNamespace(core=FakeCore(), get_tokenizer=lambda: lambda text, add_special_tokens:
+                          {"input_ids": [1] * len(text.split())})
     requests = [BenchRequest("a b c", 3, 4) for _ in range(10)] + [BenchRequest([1, 2], 2, 2)]
     metrics, results = run_inprocess(llm, requests, concurrency=3)
     assert llm.core.max_live == 3

@@ -1,21 +1,23 @@
 """bench/inprocess_targets.py and bench/step_profile.py without the model: the FLOP count,
 the bandwidth reading, the target lines and the exclusive-time timer."""
 
+import pytest
 import torch
 
 from bench import inprocess_targets as targets
 from bench import step_profile
-from bench.kernels import roofline
+from bench.kernels.model_shapes import model_flops, params_per_token
 from bench.step_profile import PartTimer
 
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
            "num_key_value_heads": 3, "num_hidden_layers": 30, "vocab_size": 49152}
 
 
-def test_lm_head_counts_only_for_sampled_tokens():
-    body = roofline.params_per_token(SMOLLM2) - 49152 * 576
-    assert targets.run_flops(SMOLLM2, 256, 0) == 2.0 * body * 256
-    assert targets.run_flops(SMOLLM2, 0, 1) == 2.0 * roofline.params_per_token(SMOLLM2)
+def test_model_flops_count_every_linear_layer_the_lm_head_only_for_sampled_tokens():
+    params = params_per_token(SMOLLM2)
+    assert params == 134_479_872 and model_flops(SMOLLM2, 100.0) == pytest.approx(2 * params * 100)
+    assert targets.run_flops(SMOLLM2, 256, 0) == 2.0 * (params - 49152 * 576) * 256
+    assert targets.run_flops(SMOLLM2, 0, 1) == 2.0 * params
 
 
 def test_read_bandwidth_is_bytes_over_seconds():

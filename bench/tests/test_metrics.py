@@ -7,24 +7,18 @@ from bench.serving.client import RequestResult
 from bench.serving.metrics import Distribution, Slo, calculate_metrics, tpot_of
 
 
-def result(ttft, itl, output_tokens, prompt_len=10, success=True):
-    return RequestResult(prompt_len=prompt_len, success=success, ttft=ttft, itl=list(itl),
+def result(ttft, itl, output_tokens, prompt_len=10):
+    return RequestResult(prompt_len=prompt_len, success=True, ttft=ttft, itl=list(itl),
                          latency=ttft + sum(itl), output_tokens=output_tokens)
 
 
-def test_tpot_is_decode_time_over_tokens_after_the_first():
-    r = result(0.5, [0.1, 0.2, 0.3], output_tokens=4)
-    assert tpot_of(r) == pytest.approx((1.1 - 0.5) / 3)
-
-
-def test_tpot_counts_tokens_not_chunks():
-    # 2 chunks carrying 5 tokens: TPOT divides by 4 tokens, ITL keeps the one gap.
-    r = result(0.2, [0.4], output_tokens=5)
-    assert tpot_of(r) == pytest.approx(0.1)
-
-
-def test_tpot_undefined_for_one_token():
-    assert tpot_of(result(0.3, [], output_tokens=1)) is None
+@pytest.mark.parametrize("ttft, itl, output_tokens, tpot", [
+    (0.5, [0.1, 0.2, 0.3], 4, (1.1 - 0.5) / 3),  # decode time over the tokens after the first
+    (0.2, [0.4], 5, 0.1),  # 2 chunks carrying 5 tokens: divided by 4 tokens, not 1 gap
+    (0.3, [], 1, None),  # undefined for one token
+])
+def test_tpot(ttft, itl, output_tokens, tpot):
+    assert tpot_of(result(ttft, itl, output_tokens)) == pytest.approx(tpot)
 
 
 def test_throughputs_count_only_completed_requests():
@@ -64,11 +58,8 @@ def test_goodput_counts_requests_meeting_every_slo():
     assert calculate_metrics([fast], duration_s=1.0).request_goodput is None
 
 
-def test_slo_with_e2el_only():
+def test_slo_with_e2el_only_and_an_empty_distribution():
     assert Slo(e2el_ms=100).met_by(ttft_ms=90, tpot_ms=999, e2el_ms=100)
     assert not Slo(e2el_ms=100).met_by(ttft_ms=1, tpot_ms=1, e2el_ms=101)
-
-
-def test_empty_distribution_is_zero_not_an_error():
-    d = Distribution.of_seconds([])
+    d = Distribution.of_seconds([])  # zero, not an error
     assert (d.mean, d.p50, d.p99) == (0.0, 0.0, 0.0)

@@ -1,13 +1,14 @@
 """Concurrency, Poisson arrivals and the duration bound, against a fake server."""
 
-import math
+import asyncio
+import re
 import time
 
 import pytest
 
 from bench.serving.runner import RunConfig, run_benchmark
 from bench.serving.workload import BenchRequest
-from bench.tests.fake_sse import FakeServer
+from bench.tests.fakes import FakeServer, chunk, usage_chunk
 
 
 def requests(num, max_tokens=4):
@@ -15,20 +16,17 @@ def requests(num, max_tokens=4):
             for _ in range(num)]
 
 
-async def test_fixed_concurrency_caps_requests_in_flight():
-    server = FakeServer(first_delay_s=0.02, gap_s=0.005)
-    config = RunConfig(base_url="http://fake", max_concurrency=3, num_warmup=0)
-    m, results = await run_benchmark(requests(12), config, server.transport())
-    assert m.completed == 12 and server.max_in_flight == 3
+@pytest.mark.parametrize("max_concurrency, max_in_flight", [(3, 3), (None, 12)])
+async def test_concurrency_caps_requests_in_flight(max_concurrency, max_in_flight):
+    server = FakeServer(first_delay_s=0.05, gap_s=0.005)
+    config = RunConfig(base_url="http://fake/", max_concurrency=max_concurrency, num_warmup=0,
+                       api_key="k")
+    m, _ = await run_benchmark(requests(12), config, server.transport())
+    assert m.completed == 12 and server.max_in_flight == max_in_flight
     assert m.total_output_tokens == 48
     assert all(b["ignore_eos"] and b["stream"] and b["max_tokens"] == 4 for b in server.bodies)
-
-
-async def test_unbounded_concurrency_sends_everything_at_once():
-    server = FakeServer(first_delay_s=0.05, gap_s=0.0)
-    m, _ = await run_benchmark(requests(8), RunConfig(base_url="http://fake", num_warmup=0),
-                               server.transport())
-    assert m.completed == 8 and server.max_in_flight == 8
+    assert {(str(r.url), r.headers["authorization"]) for r in server.requests} == {
+        ("http://fake/v1/completions", "Bearer k")}
 
 
 async def test_poisson_rate_spreads_sends():
@@ -59,27 +57,15 @@ async def test_warm_up_is_not_measured_and_fails_loudly():
                             FakeServer(status=500).transport())
 
 
-def test_config_url_and_headers():
-    config = RunConfig(base_url="http://h:1/", api_key="k")
-    assert config.url == "http://h:1/v1/completions"
-    assert config.headers == {"Authorization": "Bearer k"}
-    assert math.isinf(RunConfig(base_url="x").request_rate)
-
-
 async def test_every_request_opens_its_own_connection():
     """No keep-alive: a pooled connection the server closed would fail the next request."""
-    import asyncio
-
     connections = []
 
     async def handle(reader, writer):
         connections.append(writer)
         head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length"))
-        await reader.readexactly(length)
-        body = (b'data: {"choices":[{"text":"a"}]}\n\n'
-                b'data: {"choices":[],"usage":{"completion_tokens":1}}\n\ndata: [DONE]\n\n')
+        await reader.readexactly(int(re.search(rb"(?i)content-length: *(\d+)", head)[1]))
+        body = chunk("a", "length") + usage_chunk(1, 1) + b"data: [DONE]\n\n"
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         await writer.drain()

@@ -1,4 +1,4 @@
-"""The soak script's pure helpers: traffic mix, stop expectations, token checks, drift."""
+"""The soak script's pure helpers: traffic mix, stop expectations, token checks."""
 
 from itertools import islice
 
@@ -7,7 +7,6 @@ from bench.soak import (
     StreamRecord,
     expected_before_stop,
     pick_kinds,
-    rss_drift,
     stop_for,
     token_problems,
 )
@@ -37,8 +36,3 @@ def test_token_problems_catch_lost_duplicated_and_miscounted_tokens():
     assert token_problems(duplicated, {"completion_tokens": 3}, "abc", 3) == [
         "choice 0: text differs from the reference"]
     assert token_problems({0: StreamRecord("abc", 3)}, None, "abc", 3)
-
-
-def test_rss_drift_is_relative_to_the_level_after_warm_up():
-    assert rss_drift(100, 109) == 0.09
-    assert rss_drift(200, 150) == -0.25

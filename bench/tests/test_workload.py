@@ -1,25 +1,15 @@
-"""Prompts have exact token lengths under the bundled model's tokenizer."""
+"""Prompts have exact token lengths under the bundled model's tokenizer; every system gets the
+same prompts for a scenario."""
 
 import pytest
 
-from bench.serving.workload import PromptMaker, load_prompt_maker
-
-
-@pytest.fixture(scope="module")
-def maker() -> PromptMaker:
-    return load_prompt_maker(seed=3)
+from bench.serving.workload import FULL, PromptMaker, scenario_requests
 
 
 def test_random_prompts_encode_to_their_stated_length(maker):
     for request in maker.random_requests(20, input_len=256, output_len=8, range_ratio=0.5):
         assert maker.count(request.prompt) == request.prompt_len
         assert 128 <= request.prompt_len <= 384
-
-
-def test_token_id_prompts(maker):
-    request = maker.random_requests(1, 100, 8, as_ids=True)[0]
-    assert isinstance(request.prompt, list) and len(request.prompt) == 100
-    assert maker.count(maker.text(request.prompt)) == 100
 
 
 def test_shared_prefix_prompts_share_exactly_the_prefix(maker):
@@ -37,6 +27,24 @@ def test_fixed_prompts_repeat(maker):
     assert len({r.prompt for r in requests}) == 1 and requests[0].prompt_len == 50
 
 
-def test_seeded_and_reproducible():
-    a, b = load_prompt_maker(seed=9), load_prompt_maker(seed=9)
-    assert a.random_ids(30) == b.random_ids(30)
+def test_mixed_requests_are_exact_and_spread_over_the_ranges(maker):
+    requests = maker.mixed_requests(200, (16, 1024), (8, 256))
+    lengths = sorted(r.prompt_len for r in requests)
+    assert all(16 <= r.prompt_len <= 1024 and 8 <= r.max_tokens <= 256 for r in requests)
+    assert lengths[100] < 200 < lengths[-1]  # log-uniform: median ~128, a long tail
+    for r in requests[:5]:
+        assert maker.count(r.prompt) == r.prompt_len
+    with pytest.raises(ValueError, match="low <= high"):
+        maker.mixed_requests(1, (10, 5), (1, 2))
+
+
+def test_every_system_gets_the_same_prompts(maker):
+    scenario = FULL.scenario("c16-prefix")
+    first = scenario_requests(maker, FULL, scenario, seed=2)
+    again = scenario_requests(PromptMaker(maker.tokenizer, seed=7), FULL, scenario, seed=2)
+    assert [r.prompt for r in first] == [r.prompt for r in again]
+    assert len(first) == scenario.num_requests + 1  # the warm-up request first
+    assert all(r.prompt_len == 512 + 256 and r.max_tokens == 64 for r in first)
+    assert len({r.prompt[:200] for r in first}) == 1  # one shared system prompt
+    cold = scenario_requests(maker, FULL, FULL.scenario("c1-prefix-cold"), seed=2)
+    assert len({r.prompt[:200] for r in cold}) == len(cold)  # each request its own
