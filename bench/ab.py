@@ -7,8 +7,8 @@ revision REV (or of the checkout at path REV), whose packages come first on PYTH
 the benchmark itself runs from this tree. A revision is checked out once into a worktree
 under `$TMPDIR/conveyor-ab/` with its protos generated.
 
-Each round runs every variant once, each in a fresh process, the order reversed every other
-round (A B, B A, ...): a machine that drifts during a round favours no variant. A child
+Each round runs every variant once, each in a fresh process, in rotating order (A B, B A, ...;
+bench/arms.py): a machine that drifts during a round favours no variant. A child
 writes its figures as JSON (`{"figure": number}`); the summary is their median over rounds.
 """
 
@@ -20,11 +20,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
+from bench.arms import run_rounds
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,10 +79,6 @@ def variant_env(variant: Variant) -> dict[str, str]:
     return env
 
 
-def round_order(variants: list[Variant], round_index: int) -> list[Variant]:
-    return list(variants) if round_index % 2 == 0 else list(reversed(variants))
-
-
 def run_child(argv: list[str], variant: Variant) -> dict[str, float]:
     """`python -m bench ARGV --json-out FILE` in a fresh process with the variant's code and
     environment; the figures it wrote."""
@@ -91,21 +86,6 @@ def run_child(argv: list[str], variant: Variant) -> dict[str, float]:
         subprocess.run([sys.executable, "-m", "bench", *argv, "--json-out", out.name],
                        env=variant_env(variant), cwd=REPO_ROOT, check=True)
         return json.loads(Path(out.name).read_text())
-
-
-def run_rounds(variants: list[Variant], rounds: int,
-               measure: Callable[[Variant], dict[str, float]]) -> dict[str, list[dict]]:
-    """Every variant's figures, round after round in alternating order, with a progress bar."""
-    runs: dict[str, list[dict]] = {v.name: [] for v in variants}
-    with tqdm(total=rounds * len(variants), unit="run", file=sys.stderr) as bar:
-        for round_index in range(rounds):
-            for variant in round_order(variants, round_index):
-                bar.set_description(f"round {round_index + 1}/{rounds} {variant.name}")
-                runs[variant.name].append(measure(variant))
-                bar.write(f"round {round_index + 1} {variant.name}: "
-                          + format_figures(runs[variant.name][-1]))
-                bar.update()
-    return runs
 
 
 def summarize(runs: dict[str, list[dict]]) -> list[dict]:
@@ -155,8 +135,9 @@ def compare(variant_specs: list[str], rounds: int, child_argv: list[str],
             out: Path | None = None) -> list[dict]:
     """Parse the variants, run `child_argv` for each over `rounds`, print the summary table
     (and write every run and the summary to `out` as JSON)."""
-    variants = [Variant.parse(spec) for spec in variant_specs]
-    runs = run_rounds(variants, rounds, lambda v: run_child(child_argv, v))
+    variants = {v.name: v for v in map(Variant.parse, variant_specs)}
+    runs = run_rounds(list(variants), rounds, lambda name: run_child(child_argv, variants[name]),
+                      warmup=False).samples
     rows = summarize(runs)
     print(markdown(rows))
     if out:

@@ -53,17 +53,21 @@ class Rounds:
 
 
 def run_rounds(arms: Sequence[str], rounds: int, measure: Callable[[str], Sample],
-               desc: str = "") -> Rounds:
-    """`measure(arm)` for every arm in a warm-up round and then `rounds` rounds, in rotating
-    order, with a progress bar on stderr."""
+               desc: str = "", warmup: bool = True) -> Rounds:
+    """`measure(arm)` for every arm in a warm-up round (unless `warmup` is off: the A/B
+    runner's fresh processes have nothing to warm) and then `rounds` rounds, in rotating order,
+    with a progress bar on stderr and each kept sample written above it."""
     samples: dict[str, list[Sample]] = {arm: [] for arm in arms}
-    with tqdm(total=(rounds + 1) * len(arms), desc=desc, unit="run", file=sys.stderr) as bar:
-        for round_index in range(rounds + 1):
-            for arm in rotated(arms, round_index):
-                bar.set_postfix_str(f"round {round_index}/{rounds} {arm}")
+    skip = 1 if warmup else 0
+    with tqdm(total=(rounds + skip) * len(arms), desc=desc, unit="run", file=sys.stderr) as bar:
+        for index in range(rounds + skip):
+            for arm in rotated(arms, index):
+                bar.set_postfix_str(f"round {index + 1 - skip}/{rounds} {arm}")
                 sample = measure(arm)
-                if round_index:
+                if index >= skip:
                     samples[arm].append(sample)
+                    bar.write(f"round {index + 1 - skip} {arm}: " + "  ".join(
+                        f"{k} {v:.3g}" for k, v in sample.items() if isinstance(v, float)))
                 bar.update()
     return Rounds(samples)
 

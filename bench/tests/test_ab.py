@@ -8,6 +8,7 @@ import pytest
 
 from bench import ab
 from bench.__main__ import COMMANDS
+from bench.arms import run_rounds
 from bench.serve import cpu_figures, in_process_ratios
 
 
@@ -22,18 +23,15 @@ def test_a_variant_is_a_name_settings_and_a_revision():
         ab.Variant.parse("@HEAD")
 
 
-def test_rounds_alternate_and_the_summary_holds_medians_ratios_and_spread():
-    variants = [ab.Variant("a"), ab.Variant("b")]
-    assert [v.name for v in ab.round_order(variants, 0)] == ["a", "b"]
-    assert [v.name for v in ab.round_order(variants, 1)] == ["b", "a"]
+def test_rounds_alternate_without_a_warmup_and_the_summary_holds_medians_ratios_and_spread():
     order = []
     figures = iter([{"x": 10.0}, {"x": 12.0}, {"x": 24.0}, {"x": 10.0}, {"x": 10.0}, {"x": 15.0}])
 
-    def measure(variant):
-        order.append(variant.name)
+    def measure(name):
+        order.append(name)
         return next(figures)
 
-    runs = ab.run_rounds(variants, 3, measure)
+    runs = run_rounds(["a", "b"], 3, measure, warmup=False).samples
     assert order == ["a", "b", "b", "a", "a", "b"]
     assert runs == {"a": [{"x": 10.0}, {"x": 10.0}, {"x": 10.0}],
                     "b": [{"x": 12.0}, {"x": 24.0}, {"x": 15.0}]}
