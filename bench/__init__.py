@@ -1,5 +1,4 @@
-"""Conveyor's benchmarks: a serving client, baselines, the roofline and the suite runner.
+"""Conveyor's benchmarks, behind one command line: `python -m bench COMMAND` (bench/__main__.py).
 
-`bench` is a plain package run from the repository root (`python -m bench.serving ...`,
-`python bench/run_suite.py`); it is not installed.
+`bench` is a plain package run from the repository root; it is not installed.
 """
