@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--in-process", action="store_true",
                    help="also run the engine alone on the same prompts (served/in-process)")
     args = p.parse_args(argv)
+    if args.base_url and args.in_process:
+        p.error("--in-process compares with Conveyor's own engine: it needs the stack this "
+                "command starts, not --base-url")
     if args.variant:
         from bench import ab
 
