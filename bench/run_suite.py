@@ -168,7 +168,7 @@ def machine_meta(profile: Profile, command: str) -> dict:
     threads = int(os.environ.get("CONVEYOR_ENGINE_TORCH_THREADS") or 0) or torch.get_num_threads()
     return {"command": command, "profile": profile.name, "date": time.strftime("%Y-%m-%d %H:%M"),
             "commit": commit or "unknown", "cpu": cpu, "isa": isa, "num_cpus": os.cpu_count(),
-            "torch": torch.__version__, "threads": threads, "model": MODEL, "dtype": "float32",
+            "torch": torch.__version__, "threads": threads, "model": MODEL,
             "input_len": profile.input_len, "output_len": profile.output_len,
             "load_average_end": os.getloadavg()[0]}
 
