@@ -210,9 +210,10 @@ def render(engine: dict | None, doc: Path, img_dir: Path, peers: dict | None = N
            inproc: dict | None = None, limits: dict | None = None) -> str:
     """The whole report: the systems on the scenarios with every target (when they ran), the
     engine parts (when they ran), the GPU check, the standalone sections, the definitions."""
-    out = ["# Benchmarks", "", "Every figure on this page comes from one command, `python -m "
-           "bench suite` (the command of each run is under its heading; `--only PART` runs a "
-           "part again, `--report-only` rebuilds this page from the results in img/).", ""]
+    out = ["# Benchmarks", "", "Every figure on this page but the GPU check comes from one "
+           "command, `python -m bench suite` (the command of each run is under its heading; "
+           "`--only PART` runs a part again, `--report-only` rebuilds this page from the results "
+           "in img/); the GPU check is `python -m bench gpu`, run on a GPU machine.", ""]
     if peers:
         out += render_peers(peers, doc, img_dir, inproc, limits, engine)
     if engine:
