@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devkit import deploy_manifests as m
 from devkit.service_process import settings_env
 from devkit.stack import module_of
 
@@ -30,7 +31,6 @@ def _load_by_path(name: str, path: Path):
 
 
 run_local = _load_by_path("run_local", ROOT / "scripts" / "run_local.py")  # `make run`'s
-m = _load_by_path("deploy_manifests", Path(__file__).with_name("deploy_manifests.py"))
 CONVEYOR_SERVICES = m.SETTINGS_CLASSES
 _load = m.load_compose
 GRACE_MARGIN_S = 5

@@ -5,18 +5,13 @@ image has no triton, and build contexts leave out what no image needs."""
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "deploy_manifests", Path(__file__).with_name("deploy_manifests.py"))
-m = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = m
-_spec.loader.exec_module(m)
+from devkit import deploy_manifests as m
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILES = sorted(ROOT.glob("services/*/Dockerfile"))
@@ -104,7 +99,6 @@ def test_the_installed_engine_carries_its_kernels_sources(tmp_path):
     hold every source and header under native/csrc."""
     import shutil
     import subprocess
-    import sys
     import zipfile
 
     project = tmp_path / "engine"  # a clean copy: no build/ or egg-info of earlier builds

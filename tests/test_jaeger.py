@@ -4,19 +4,12 @@ OTEL_* settings send spans (OTLP over gRPC, conveyor.common.tracing)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 import yaml
 
-_spec = importlib.util.spec_from_file_location(
-    "deploy_manifests", Path(__file__).with_name("deploy_manifests.py"))
-m = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = m
-_spec.loader.exec_module(m)
+from devkit import deploy_manifests as m
 
 CONFIG_PATH = m.KUBERNETES / "base" / "jaeger" / "config.yaml"
 CONVEYOR = tuple(m.SETTINGS_CLASSES)

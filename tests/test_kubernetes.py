@@ -6,19 +6,12 @@ test_kubernetes_agreement.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import kubernetes_validate
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "deploy_manifests", Path(__file__).with_name("deploy_manifests.py"))
-m = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = m
-_spec.loader.exec_module(m)
+from devkit import deploy_manifests as m
 
 CUSTOM_KINDS = {"ScaledObject", "ServiceMonitor"}
 """Custom resources: no Kubernetes schema; their fields are checked below instead."""

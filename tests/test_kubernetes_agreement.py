@@ -8,17 +8,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "deploy_manifests", Path(__file__).with_name("deploy_manifests.py"))
-m = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = m
-_spec.loader.exec_module(m)
+from devkit import deploy_manifests as m
 
 SERVICES = tuple(m.SETTINGS_CLASSES)
 HEALTH_NAMES = {

@@ -4,17 +4,10 @@ that `Stack.process` layers caller settings and environment over it."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
+from devkit import deploy_manifests as m
 from devkit.stack import PIPELINE, Stack, StackSpec
-
-_spec = importlib.util.spec_from_file_location(
-    "deploy_manifests", Path(__file__).with_name("deploy_manifests.py"))
-m = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = m
-_spec.loader.exec_module(m)
 
 RUNNING = {"tokenizer": 50051, "engine": 50052, "detok": 50053, "gateway": 8000}
 

@@ -1,6 +1,6 @@
 """Reading the deployment files the way their tools do, for the tests that check them:
 the compose files (parsed: no compose plugin here) and the Kustomize overlays (rendered
-offline by `kubectl kustomize`). Loaded by path from the tests (see `load_helpers`)."""
+offline by `kubectl kustomize`)."""
 
 from __future__ import annotations
 
