@@ -13,14 +13,14 @@ serving runs; per row a quantized layer computes the same at any row count.
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench weight-formats [--formats fp32,fp16,q8_0,q4_1]
         [--threads 2] [--rounds 3] [--decode-tokens 64] [--rows 1,2,4,8,16] [--json PATH]
 
-A format may name a variant of its block kernels: `q4_1@REV` runs the kernels of commit REV
-(native/csrc/ as it was at REV, built from git: an A/B of a kernel change in one run; the
-int8 formats of a commit before their 8-row packing get their weights in the plain layout),
-`q4_1/avx2` forces the AVX2 code path. A `+kv16` suffix (`fp32+kv16`) runs the format over
-an fp16 KV pool (CONVEYOR_ENGINE_KV_CACHE_DTYPE=float16): its accuracy columns are then the
-cost of the rounded keys and values (with the format's own). `bf16` is the model in bfloat16
-(CONVEYOR_ENGINE_DTYPE=bfloat16, what dtype auto picks on a CPU with AVX512-BF16 or AMX: bf16
-weights, activations and KV pool); every other format runs in float32.
+`q4_1/avx2` forces the AVX2 code path of the block kernels. A `+kv16` suffix (`fp32+kv16`)
+runs the format over an fp16 KV pool (CONVEYOR_ENGINE_KV_CACHE_DTYPE=float16): its accuracy
+columns are then the cost of the rounded keys and values (with the format's own). `bf16` is the
+model in bfloat16 (CONVEYOR_ENGINE_DTYPE=bfloat16, what dtype auto picks on a CPU with
+AVX512-BF16 or AMX: bf16 weights, activations and KV pool); every other format runs in float32.
+A kernel change is compared across revisions by the one A/B runner, e.g. `python -m bench
+offline --scenario c1 --variant old@REV=CONVEYOR_ENGINE_WEIGHT_FORMAT=q4_1 --variant
+new=CONVEYOR_ENGINE_WEIGHT_FORMAT=q4_1`.
 
 --rows adds a kernel table: one forward pass's linear layers at each row count, per format
 (this is what DECODE_MAX_ROWS was chosen from).
@@ -39,10 +39,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-TEXT = ROOT / "bench" / "texts" / "pride_and_prejudice_ch1.txt"
+TEXT = Path(__file__).resolve().parent / "texts" / "pride_and_prejudice_ch1.txt"
 PROMPTS = (
     "The capital of France is",
     "Write a short story about a robot who learns to paint.",
@@ -65,96 +62,22 @@ NUM_AGREEMENT_TOKENS = 64
 PROMPT_LEN = 256
 
 
-KERNEL_DIR = "services/engine/conveyor/engine/native/csrc"
-KERNEL_SOURCES = ("block_quant_linear.cpp", "rows8_i8_linear.cpp")
-"""The block kernels' sources (the second from the int8 formats' 8-row packing on)."""
-
-
 def build_llm(weight_format: str, threads: int):
-    """The offline engine reading `weight_format`, which may name a kernel variant:
-    FORMAT@REV (commit REV's block kernels) or FORMAT/avx2 (the AVX2 code path), and an
-    fp16 KV pool: FORMAT+kv16."""
+    """The offline engine reading `weight_format`: FORMAT, FORMAT/avx2 (the AVX2 code path
+    of its block kernels) or either with an fp16 KV pool (+kv16)."""
     from conveyor.engine import LLM
     from conveyor.engine.model.block_weights import ISA_AVX2
 
     weight_format, kv16, _ = weight_format.partition("+kv16")
-    base, _, rev = weight_format.partition("@")
-    base, _, isa = base.partition("/")
+    base, _, isa = weight_format.partition("/")
     dtype = "bfloat16" if base == "bf16" else "float32"
     llm = LLM(weight_format="fp32" if base == "bf16" else base, dtype=dtype,
               torch_threads=threads, num_kv_blocks=512, max_num_seqs=16,
               enable_prefix_caching=False, kv_cache_dtype="float16" if kv16 else "auto")
-    kernels = kernels_at(rev) if rev else None
-    for layer in quantized_layers(llm):
-        if kernels is not None:
-            layer.weights._kernels = kernels
-            if _takes_plain_int8(kernels) and hasattr(layer.weights, "qs8"):
-                layer.weights = PlainInt8Weight(layer.weights, kernels)
-        if isa == "avx2":
+    if isa == "avx2":
+        for layer in quantized_layers(llm):
             layer.weights.isa = ISA_AVX2
     return llm
-
-
-class _WithoutIsa:
-    """A block-kernel module from before the `isa` argument, called as today's."""
-
-    def __init__(self, module) -> None:
-        self._module = module
-
-    def __getattr__(self, name: str):
-        kernel = getattr(self._module, name)
-        return lambda *args: kernel(*args[:-1])
-
-
-def kernels_at(rev: str):
-    """The block kernels as commit `rev` wrote them (its whole csrc/, so its headers too),
-    built under their own name."""
-    import subprocess
-    import tarfile
-    import tempfile
-    from io import BytesIO
-
-    from conveyor.engine.model.block_weights import _CFLAGS_EXTRA
-    from conveyor.engine.native import CPU_CFLAGS, load_extension
-
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", f"{rev}:{KERNEL_DIR}"],
-                             check=True, capture_output=True).stdout
-    folder = Path(tempfile.mkdtemp(prefix=f"conveyor-csrc-{rev}-"))
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(folder, filter="data")
-    sources = [folder / name for name in KERNEL_SOURCES if (folder / name).exists()]
-    module = load_extension(f"conveyor_block_quant_linear_{rev}", sources,
-                            extra_cflags=(*CPU_CFLAGS, *_CFLAGS_EXTRA))
-    return module if "isa" in module.q4_1_linear.__doc__ else _WithoutIsa(module)
-
-
-def _takes_plain_int8(kernels) -> bool:
-    """Whether these int8 kernels predate the 8-row packing (they take qs, d[, m])."""
-    return "qs8" not in (kernels.q4_1_linear_i8.__doc__ or "")
-
-
-class PlainInt8Weight:
-    """An int8-format weight (Q4_1Int8Weight, Q8_0Int8Weight) as the kernels of a commit
-    before the 8-row packing take it: the plain blocks, one weight row after another."""
-
-    def __init__(self, packed, kernels) -> None:
-        self._packed, self._kernels, self.isa = packed, kernels, packed.isa
-        self.qs, self.d = packed.qs.contiguous(), packed.d.contiguous()
-        self.m = packed.m.contiguous() if hasattr(packed, "dm8") else None
-        self.name = packed.name
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.m is None:
-            return self._kernels.q8_0_linear_i8(x, self.qs, self.d, self.isa)
-        return self._kernels.q4_1_linear_i8(x, self.qs, self.d, self.m, self.isa)
-
-    def dequantize(self) -> torch.Tensor:
-        return self._packed.dequantize()
-
-    @property
-    def nbytes(self) -> int:
-        return self._packed.nbytes
-
 
 def quantized_layers(llm):
     from conveyor.engine.model.quantized_linear import QuantizedLinear
