@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
@@ -60,11 +62,17 @@ def open_channel(target: str, keepalive: Keepalive = DEFAULT_KEEPALIVE) -> grpc.
 
 class Channels:
     """A lazy {address: channel} cache, one keepalive for all; `close()` closes every
-    channel opened."""
+    channel opened.
 
-    def __init__(self, keepalive: Keepalive = DEFAULT_KEEPALIVE):
+    Calls made through `lease` are counted per address: past `max_idle` channels without
+    a call, the least recently leased ones are closed, so the channels to replicas that
+    went away (a restarted engine comes back at another address) do not pile up."""
+
+    def __init__(self, keepalive: Keepalive = DEFAULT_KEEPALIVE, max_idle: int = 8):
         self._keepalive = keepalive
+        self._max_idle = max_idle
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._calls: dict[str, int] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """The channel to `address` (host:port); never awaits."""
@@ -72,6 +80,23 @@ class Channels:
         if channel is None:
             channel = self._channels[address] = open_channel(address, self._keepalive)
         return channel
+
+    @contextlib.asynccontextmanager
+    async def lease(self, address: str) -> AsyncIterator[grpc.aio.Channel]:
+        """The channel to `address` for one call: counted while the block runs (no await
+        on the way out, so a cancelled call releases it too)."""
+        idle = [a for a in self._channels if a != address and not self._calls.get(a)]
+        for stale in idle[:max(0, len(idle) - self._max_idle)]:
+            await self.close_one(stale)
+        channel = self.channel(address)
+        self._channels[address] = self._channels.pop(address)  # the most recent last
+        self._calls[address] = self._calls.get(address, 0) + 1
+        try:
+            yield channel
+        finally:
+            self._calls[address] -= 1
+            if not self._calls[address]:
+                del self._calls[address]
 
     @property
     def addresses(self) -> list[str]:

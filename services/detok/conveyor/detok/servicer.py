@@ -32,7 +32,7 @@ ENGINE_SERVICE = "engine"
 
 class DetokenizerServicer(detok_pb2_grpc.DetokenizerServicer):
     """One TextGeneration per call, fed by the engine's Generate stream (opened on
-    `engines`, one channel per engine address).
+    `engines`, one channel per engine address, leased for the call).
 
     Bad input aborts the call with INVALID_ARGUMENT and the reason `invalid_request` in
     the trailing metadata; the engine's failure is passed on as it came, its service
@@ -49,22 +49,22 @@ class DetokenizerServicer(detok_pb2_grpc.DetokenizerServicer):
             generation = self._open(request)
         except InvalidStreamError as exc:
             await _abort_invalid(context, str(exc))
-        stub = engine_pb2_grpc.EngineStub(self._engines.channel(request.engine_address))
-        call = stub.Generate(request.generate)
-        try:
-            async for chunk in call:
-                response = _response(generation, chunk, self._token_texts,
-                                     request.generate.prompt_token_ids)
-                if response is not None:
-                    yield response
-                if generation.is_finished:
-                    return
-        except grpc.aio.AioRpcError as error:
-            await _abort_passed_on(context, error)
-        except InvalidStreamError as exc:
-            await context.abort(grpc.StatusCode.INTERNAL, f"the engine's output: {exc}")
-        finally:
-            call.cancel()
+        async with self._engines.lease(request.engine_address) as channel:
+            call = engine_pb2_grpc.EngineStub(channel).Generate(request.generate)
+            try:
+                async for chunk in call:
+                    response = _response(generation, chunk, self._token_texts,
+                                         request.generate.prompt_token_ids)
+                    if response is not None:
+                        yield response
+                    if generation.is_finished:
+                        return
+            except grpc.aio.AioRpcError as error:
+                await _abort_passed_on(context, error)
+            except InvalidStreamError as exc:
+                await context.abort(grpc.StatusCode.INTERNAL, f"the engine's output: {exc}")
+            finally:
+                call.cancel()
 
     def _open(self, request) -> TextGeneration:
         if not request.engine_address:
