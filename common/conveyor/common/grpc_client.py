@@ -86,8 +86,9 @@ class Channels:
         """The channel to `address` for one call: counted while the block runs (no await
         on the way out, so a cancelled call releases it too)."""
         idle = [a for a in self._channels if a != address and not self._calls.get(a)]
-        for stale in idle[:max(0, len(idle) - self._max_idle)]:
-            await self.close_one(stale)
+        stale = [self._channels.pop(a) for a in idle[:max(0, len(idle) - self._max_idle)]]
+        for channel in stale:  # taken out at once: a concurrent lease never sees them
+            await channel.close()
         channel = self.channel(address)
         self._channels[address] = self._channels.pop(address)  # the most recent last
         self._calls[address] = self._calls.get(address, 0) + 1
