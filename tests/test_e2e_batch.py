@@ -75,22 +75,18 @@ def keys(stack, gateway) -> dict[str, str]:
 
 
 @pytest.fixture
-def worker(stack, gateway, files_dir, log_dir):
+def worker(stack, gateway, files_dir):
     """`worker()` starts a batch worker process (stopped at the test's end) sending its
     lines to the module's gateway, or to `worker(other_gateway)`."""
     started: list[ServiceProcess] = []
 
     def start(to_gateway: ServiceProcess = gateway) -> ServiceProcess:
-        env = {"CONVEYOR_BATCH_REDIS_URL": stack.redis_url,
-               "CONVEYOR_BATCH_REDIS_PREFIX": stack.redis_prefix,
-               "CONVEYOR_BATCH_GATEWAY_URL": f"http://127.0.0.1:{to_gateway.port}",
-               "CONVEYOR_BATCH_GATEWAY_TOKEN": TOKEN, "CONVEYOR_BATCH_FILES_DIR": str(files_dir),
-               "CONVEYOR_BATCH_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
-               "CONVEYOR_BATCH_CHUNK_SIZE": "16", "CONVEYOR_BATCH_POLL_INTERVAL_S": "0.2",
-               "CONVEYOR_BATCH_MAX_BACKOFF_S": "2"}
         name = f"batch-worker-{len(started)}"
-        process = ServiceProcess("conveyor.batch", env=env, name=name,
-                                 log_path=log_dir / f"{name}.log")
+        process = stack.process(
+            "batch", name, GATEWAY_URL=f"http://127.0.0.1:{to_gateway.port}",
+            GATEWAY_TOKEN=TOKEN, FILES_DIR=str(files_dir),
+            VISIBILITY_TIMEOUT_S=str(VISIBILITY_TIMEOUT_S), CHUNK_SIZE="16",
+            POLL_INTERVAL_S="0.2", MAX_BACKOFF_S="2")
         started.append(process.start(timeout_s=60))
         return process
 
