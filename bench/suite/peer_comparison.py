@@ -46,33 +46,31 @@ def threads() -> int:
     return int(os.environ.get("CONVEYOR_ENGINE_TORCH_THREADS") or 0) or (os.cpu_count() or 1)
 
 
+def _conveyor_missing() -> str | None:
+    from bench.suite.targets import conveyor_installed
+
+    missing = conveyor_installed()
+    return f"services not built yet: {', '.join(missing)}" if missing else None
+
+
 def build_systems(profile: Profile, log_dir: Path, variants: list[Variant]) -> list[System]:
     from bench.peers.servers import best_dtype, llama_server, vllm_server
-    from bench.suite.targets import (
-        conveyor_installed,
-        conveyor_pipeline,
-        hf_static_server,
-        inprocess_engine,
-    )
+    from bench.suite.targets import conveyor_pipeline, hf_static_server, inprocess_engine
 
     every = tuple(s.name for s in profile.scenarios)
     max_conc = max(s.concurrency for s in profile.scenarios)
     dtype = best_dtype()
 
-    def conveyor_missing() -> str | None:
-        missing = conveyor_installed()
-        return f"services not built yet: {', '.join(missing)}" if missing else None
-
     systems = [System("conveyor", "Conveyor (gateway+tokenizer+engine+detok)", dtype,
                       every, lambda: conveyor_pipeline(log_dir, engine_env=CONVEYOR_ENV),
-                      conveyor_missing)]
+                      _conveyor_missing)]
     for v in variants:
         systems.append(System(
             f"conveyor-{v.name}", f"Conveyor, {' '.join(f'{k}={x}' for k, x in v.env.items())}",
             v.name, profile.variant_scenarios,
             lambda v=v: conveyor_pipeline(log_dir, engine_env={**CONVEYOR_ENV, **v.env},
                                           name=f"conveyor-{v.name}"),
-            conveyor_missing))
+            _conveyor_missing))
     systems += [
         System("in-process", "Conveyor's engine in process (offline API)", dtype, every,
                lambda: inprocess_engine(**{k.removeprefix("CONVEYOR_ENGINE_").lower(): v

@@ -1,8 +1,8 @@
-"""The soak script's pure helpers: traffic mix, stop expectations, token checks."""
+"""The soak traffic's pure helpers: traffic mix, stop expectations, token checks."""
 
 from itertools import islice
 
-from bench.soak import (
+from bench.soak_traffic import (
     KINDS,
     StreamRecord,
     expected_before_stop,
