@@ -66,7 +66,8 @@ def run_inprocess(llm, requests: list[BenchRequest], concurrency: int,
 
     admit()
     while live:
-        deltas = core.step()
+        stepped = core.step()
+        deltas = getattr(stepped, "deltas", stepped)  # a revision before issue 31 (A/B runs)
         now = time.perf_counter()
         for delta in deltas:
             _record(live, done, delta, now)

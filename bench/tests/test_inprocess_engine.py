@@ -39,6 +39,16 @@ def test_closed_loop_keeps_concurrency_and_counts_tokens():
     assert all(r.latency >= r.ttft > 0 for r in results)
 
 
+def test_a_revision_before_issue_31_steps_to_a_result_with_deltas():
+    """`bench serve --in-process --variant old@REV` drives an older engine: its step()
+    returned a StepResult holding the deltas."""
+    core = FakeCore()
+    core.step = lambda step=core.step: SimpleNamespace(deltas=step())
+    llm = SimpleNamespace(core=core, get_tokenizer=lambda: None)
+    metrics, _ = run_inprocess(llm, [BenchRequest([1, 2], 2, 3)] * 2, concurrency=2)
+    assert metrics.completed == 2 and metrics.total_output_tokens == 6
+
+
 def test_gaps_split_at_the_long_prompt_arrival():
     times = {"s0": [0.0, 1.0, 2.0, 5.0, 6.0], "s1": [0.5, 1.5, 5.0]}
     before, during = _gaps(times, 2, arrival=2.5, first_long=5.0)
