@@ -5,11 +5,10 @@
 
 Starts the pipeline (tokenizer, engine, detok, gateway) as processes with the bundled
 model (devkit/stack.py), then keeps `--concurrency` clients busy with a seeded mix
-(bench/soak_traffic.py): greedy
-streams, streams closed after a few chunks (cancels), n = 2, stop strings, plain requests
-and bad inputs; a bar on stderr counts the seconds of traffic. The engine is restarted
-once, under traffic, after the first warm-up; the gateway finds the new one through the
-Redis registry. At the end it checks, and prints as Markdown:
+(bench/soak_traffic.py): greedy streams, streams closed after a few chunks (cancels),
+n = 2, stop strings, plain requests and bad inputs; a bar on stderr counts the seconds of
+traffic. The engine is restarted once, under traffic, after the first warm-up; the gateway
+finds the new one through the Redis registry. At the end it checks, and prints as Markdown:
 
 - memory: each service's RSS at the end within 10% of its level after warm-up (the
   engine's counted from its restart);
