@@ -10,6 +10,8 @@ a service image (the runtime packages under common/ and services/ must not impor
 - `replica_processes`: registered replicas as processes (the failover and cross-host tests).
 - `random_step`: random paged-attention steps, one attention backend against another.
 - `random_model`: Llama models of named shapes with random weights.
+- `deploy_manifests`: the compose files and Kustomize overlays read as their tools read them
+  (the deployment tests).
 
 Importable from the repository root (pytest puts it on sys.path; bench/ and scripts/ add it).
 """
