@@ -9,9 +9,10 @@ Without `--base-url` it starts Conveyor's four services (devkit's stack launcher
 as the peer comparison runs it) and reads every process's CPU seconds from /proc around each
 scenario: CPU ms per output token of the engine, gateway, detok, tokenizer, the load
 generator ("client") and everything else on the machine ("others"; a scenario where they
-kept more than 0.15 cores busy is logged as DISTURBED). With `--in-process` the engine then
-runs alone in this process on the same prompts with the same settings, and each scenario
-reports served TPOT over in-process TPOT: what the pipeline adds to a token. With
+kept more than 0.15 cores busy is logged as DISTURBED). With `--in-process` the engine also
+runs in this process (the services idle beside it) with the same settings; each scenario
+runs `--pairs` times on both, back to back on the same prompts, and reports served TPOT over
+in-process TPOT (the median over pairs): what the pipeline adds to a token. With
 `--variant` the run is an A/B (bench/ab.py): `NAME@REV` runs revision REV's services.
 Settings reach the services through the environment (CONVEYOR_ENGINE_WEIGHT_FORMAT=...).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -45,6 +47,31 @@ def in_process_ratios(served: dict[str, float], alone: dict[str, float]) -> dict
             for key, value in served.items() if key.endswith(suffix) and alone.get(key)}
 
 
+def paired_figures(served, alone, maker, profile, names: tuple[str, ...], pairs: int,
+                   log=print) -> dict[str, float]:
+    """Each scenario `pairs` times on both targets, back to back on the same fresh prompts,
+    alternating which goes first: the served figures and served/in-process ratios of each
+    pair, their median over pairs. Both arms see the same drift in the machine's speed (the
+    in-process c1 TPOT moved 4.95 -> 6.84 ms over three rounds minutes apart on one VM)."""
+    from bench.serving.workload import scenario_requests
+    from bench.suite.scenarios import run_scenario, warm
+
+    for target in (served, alone):
+        warm(target, maker, profile)
+    per_pair: list[dict[str, float]] = [{} for _ in range(pairs)]
+    for seed, scenario in enumerate(profile.scenarios):
+        if scenario.name not in names:
+            continue
+        for pair, figures in enumerate(per_pair):
+            requests = scenario_requests(maker, profile, scenario, seed + 1000 * pair)
+            outs = {target.name: {"scenarios": {scenario.name: run_scenario(
+                target, requests, scenario, profile.scenario_duration_s, log)}}
+                for target in ((served, alone) if pair % 2 == 0 else (alone, served))}
+            mine = scenario_figures(outs[served.name]) | cpu_figures(outs[served.name])
+            figures |= mine | in_process_ratios(mine, scenario_figures(outs[alone.name]))
+    return {key: statistics.median(f[key] for f in per_pair) for key in per_pair[0]}
+
+
 def measure(args: argparse.Namespace) -> dict[str, float]:
     from bench.serving.workload import load_prompt_maker
     from bench.suite.scenarios import run_system
@@ -63,15 +90,13 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     log_dir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     print(f"service logs in {log_dir}", flush=True)
     with conveyor_pipeline(log_dir) as target:
-        out = run_system(target, maker, profile, names)
-    figures = scenario_figures(out) | cpu_figures(out)
-    if args.in_process:
+        if not args.in_process:
+            out = run_system(target, maker, profile, names)
+            return scenario_figures(out) | cpu_figures(out)
         from bench.inprocess_engine import make_llm
 
-        alone = run_system(InProcessTarget("in-process", make_llm()), load_prompt_maker(),
-                           profile, names)
-        figures |= in_process_ratios(figures, scenario_figures(alone))
-    return figures
+        alone = InProcessTarget("in-process", make_llm())  # beside the idle services
+        return paired_figures(target, alone, maker, profile, names, args.pairs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="an OpenAI-compatible server to drive (default: start Conveyor's)")
     p.add_argument("--in-process", action="store_true",
                    help="also run the engine alone on the same prompts (served/in-process)")
+    p.add_argument("--pairs", type=int, default=3,
+                   help="--in-process: served and in-process runs of each scenario, "
+                   "alternating, on fresh prompts each pair (figures: medians)")
     args = p.parse_args(argv)
     if args.base_url and args.in_process:
         p.error("--in-process compares with Conveyor's own engine: it needs the stack this "
@@ -90,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench import ab
 
         flags = [*(["--base-url", args.base_url] if args.base_url else []),
-                 *(["--in-process"] if args.in_process else [])]
+                 *(["--in-process", "--pairs", str(args.pairs)] if args.in_process else [])]
         ab.compare(args.variant, args.rounds, child_argv("serve", args, tuple(flags)), args.out)
         return 0
     from bench.ab import format_figures

@@ -58,14 +58,19 @@ def others_cores(figures: dict) -> float:
     return figures.get("others_cpu_s", 0.0) / max(figures["duration_s"], 1e-9)
 
 
+def warm(target, maker: PromptMaker, profile: Profile) -> None:
+    """A burst, not measured: threads spun up, kernels chosen for a few batch sizes."""
+    burst = 16
+    target.run(PromptMaker(maker.tokenizer, 99).random_requests(burst, profile.input_len, 4),
+               burst, num_warmup=0)
+
+
 def run_system(target, maker: PromptMaker, profile: Profile, names: tuple[str, ...],
                log=print) -> dict:
     """The named scenarios against one system, in the profile's order, within its budget:
     {"scenarios": {name: figures}, "skipped": [names], "seconds": wall time}."""
     start = time.monotonic()
-    burst = 16  # not measured: threads spun up, kernels chosen for a few batch sizes
-    target.run(PromptMaker(maker.tokenizer, 99).random_requests(burst, profile.input_len, 4),
-               burst, num_warmup=0)
+    warm(target, maker, profile)
     out: dict = {"scenarios": {}, "skipped": []}
     for seed, scenario in enumerate(profile.scenarios):
         if scenario.name not in names:
