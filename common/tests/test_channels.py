@@ -52,3 +52,15 @@ async def test_a_channel_with_a_call_in_flight_stays_open():
     await _call_on(channels, _address(9))
     assert channels.addresses == [_address(9)]
     await channels.close()
+
+
+async def test_a_kept_channel_is_never_closed_by_leases():
+    channels = Channels(max_idle=0)
+    kept = channels.channel(_address(0))  # a configured engine's: its client holds it
+    for i in range(1, 4):
+        await _call_on(channels, _address(i))
+    assert channels.addresses == [_address(0), _address(3)]
+    await _call_on(channels, _address(0))  # leased as well: still kept afterwards
+    await _call_on(channels, _address(4))
+    assert _address(0) in channels.addresses and channels.channel(_address(0)) is kept
+    await channels.close()

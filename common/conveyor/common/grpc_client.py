@@ -64,18 +64,24 @@ class Channels:
     """A lazy {address: channel} cache, one keepalive for all; `close()` closes every
     channel opened.
 
-    Calls made through `lease` are counted per address: past `max_idle` channels without
-    a call, the least recently leased ones are closed, so the channels to replicas that
-    went away (a restarted engine comes back at another address) do not pile up."""
+    A channel taken with `channel` stays open until `close()` (a caller keeps it). Calls
+    made through `lease` are counted per address: past `max_idle` leased channels without a
+    call, the least recently leased ones are closed, so the channels to replicas that went
+    away (a restarted engine comes back at another address) do not pile up."""
 
     def __init__(self, keepalive: Keepalive = DEFAULT_KEEPALIVE, max_idle: int = 8):
         self._keepalive = keepalive
         self._max_idle = max_idle
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._calls: dict[str, int] = {}
+        self._kept: set[str] = set()
 
     def channel(self, address: str) -> grpc.aio.Channel:
-        """The channel to `address` (host:port); never awaits."""
+        """The channel to `address` (host:port), kept open until `close()`; never awaits."""
+        self._kept.add(address)
+        return self._open(address)
+
+    def _open(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = open_channel(address, self._keepalive)
@@ -85,11 +91,12 @@ class Channels:
     async def lease(self, address: str) -> AsyncIterator[grpc.aio.Channel]:
         """The channel to `address` for one call: counted while the block runs (no await
         on the way out, so a cancelled call releases it too)."""
-        idle = [a for a in self._channels if a != address and not self._calls.get(a)]
+        idle = [a for a in self._channels
+                if a != address and a not in self._kept and not self._calls.get(a)]
         stale = [self._channels.pop(a) for a in idle[:max(0, len(idle) - self._max_idle)]]
         for channel in stale:  # taken out at once: a concurrent lease never sees them
             await channel.close()
-        channel = self.channel(address)
+        channel = self._open(address)
         self._channels[address] = self._channels.pop(address)  # the most recent last
         self._calls[address] = self._calls.get(address, 0) + 1
         try:
@@ -106,6 +113,7 @@ class Channels:
 
     async def close_one(self, address: str) -> None:
         """Close the channel to `address` (calls still on it end)."""
+        self._kept.discard(address)
         await self._channels.pop(address).close()
 
     async def close(self) -> None:

@@ -4,7 +4,9 @@ Generate job and of what engines answer, and their one conversion to and from pr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -193,20 +195,24 @@ class EngineClient:
 
 
 class EngineClients:
-    """A lazy {address: EngineClient} cache; `close()` closes every channel opened."""
+    """The engines' clients over one channel cache; `close()` closes every channel opened."""
 
     def __init__(self, rpc_timeout_s: float, keepalive: Keepalive = DEFAULT_KEEPALIVE):
         self._rpc_timeout_s = rpc_timeout_s
         self._channels = Channels(keepalive)
-        self._clients: dict[str, EngineClient] = {}
 
     def client(self, address: str) -> EngineClient:
-        """The client of the engine at `address` (host:port); never awaits."""
-        client = self._clients.get(address)
-        if client is None:
-            client = self._clients[address] = EngineClient(
-                address, self._channels.channel(address), self._rpc_timeout_s)
-        return client
+        """A client of the engine at `address` (host:port) for as long as the caller keeps
+        it (a configured engine's); its channel stays open. Never awaits."""
+        return EngineClient(address, self._channels.channel(address), self._rpc_timeout_s)
+
+    @contextlib.asynccontextmanager
+    async def lease(self, address: str) -> AsyncIterator[EngineClient]:
+        """A client of the engine at `address` for the calls made in the block (an engine
+        found in the registry, which a restart moves to another address): channels no
+        call uses are closed past a few."""
+        async with self._channels.lease(address) as channel:
+            yield EngineClient(address, channel, self._rpc_timeout_s)
 
     async def close(self) -> None:
         await self._channels.close()

@@ -99,7 +99,8 @@ async def _load(pipeline: Pipeline, record: AdapterRecord) -> dict:
     if await pipeline.catalog.adapters.get(record.name) is not None:
         raise _already_loaded(record.name)
     engine = await pipeline.router.pick(None, (), model=base.backend_name, lora=record.name)
-    facts = await pipeline.engines.client(engine.address).load_lora_adapter(record.adapter)
+    async with pipeline.engines.lease(engine.address) as client:
+        facts = await client.load_lora_adapter(record.adapter)
     if not await pipeline.catalog.adapters.add(record):
         raise _already_loaded(record.name)
     log.info("LoRA adapter %s loaded from %s (rank %d) for %s", record.name, record.path,
@@ -122,7 +123,8 @@ async def _unload(pipeline: Pipeline, name: str) -> None:
 
 async def _drop(pipeline: Pipeline, address: str, name: str) -> None:
     try:
-        await pipeline.engines.client(address).unload_lora_adapter(name)
+        async with pipeline.engines.lease(address) as client:
+            await client.unload_lora_adapter(name)
     except UpstreamError as error:
         if error.code != "NOT_FOUND":
             log.warning("engine %s could not drop LoRA adapter %s: %s", address, name, error)
