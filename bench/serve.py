@@ -69,7 +69,8 @@ def paired_figures(served, alone, maker, profile, names: tuple[str, ...], pairs:
                 for target in ((served, alone) if pair % 2 == 0 else (alone, served))}
             mine = scenario_figures(outs[served.name]) | cpu_figures(outs[served.name])
             figures |= mine | in_process_ratios(mine, scenario_figures(outs[alone.name]))
-    return {key: statistics.median(f[key] for f in per_pair) for key in per_pair[0]}
+    keys = [key for key in per_pair[0] if all(key in f for f in per_pair)]  # failed runs lack some
+    return {key: statistics.median(f[key] for f in per_pair) for key in keys}
 
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
