@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="--in-process: served and in-process runs of each scenario, "
                    "alternating, on fresh prompts each pair (figures: medians)")
     args = p.parse_args(argv)
+    if args.pairs < 1:
+        p.error("--pairs takes a count of 1 or more")
     if args.base_url and args.in_process:
         p.error("--in-process compares with Conveyor's own engine: it needs the stack this "
                 "command starts, not --base-url")
