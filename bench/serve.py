@@ -12,7 +12,8 @@ generator ("client") and everything else on the machine ("others"; a scenario wh
 kept more than 0.15 cores busy is logged as DISTURBED). With `--in-process` the engine also
 runs in this process (the services idle beside it) with the same settings; each scenario
 runs `--pairs` times on both, back to back on the same prompts, and reports served TPOT over
-in-process TPOT (the median over pairs): what the pipeline adds to a token. With
+in-process TPOT (the median over pairs): what the pipeline adds to a token. `--engine-cpus`
+gives the engine's threads CPUs of their own in both arms (with `--threads` to match). With
 `--variant` the run is an A/B (bench/ab.py): `NAME@REV` runs revision REV's services.
 Settings reach the services through the environment (CONVEYOR_ENGINE_WEIGHT_FORMAT=...).
 """
@@ -20,6 +21,7 @@ Settings reach the services through the environment (CONVEYOR_ENGINE_WEIGHT_FORM
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -73,6 +75,38 @@ def paired_figures(served, alone, maker, profile, names: tuple[str, ...], pairs:
     return {key: statistics.median(f[key] for f in per_pair) for key in keys}
 
 
+def set_affinity(pid: int, cpus: set[int]) -> None:
+    """Every thread of process `pid` onto `cpus` (affinity is per thread on Linux)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
+
+
+class OnCpus:
+    """A target whose runs hold this process's threads on `cpus`, and on `rest` after."""
+
+    def __init__(self, target, cpus: set[int], rest: set[int]):
+        self.target, self.cpus, self.rest = target, cpus, rest
+        self.name = target.name
+
+    def run(self, *args, **kwargs):
+        set_affinity(os.getpid(), self.cpus)
+        try:
+            return self.target.run(*args, **kwargs)
+        finally:
+            set_affinity(os.getpid(), self.rest)
+
+
+def pin_engine(target, alone, engine_cpus: set[int]):
+    """The served engine's threads on `engine_cpus`, the other services' and this process's on
+    the other CPUs; the in-process engine (`alone`) runs on `engine_cpus` too."""
+    rest = set(os.sched_getaffinity(0)) - engine_cpus
+    for name, pid in target.pids.items():
+        set_affinity(pid, engine_cpus if name == "engine" else rest)
+    set_affinity(os.getpid(), rest)
+    return OnCpus(alone, engine_cpus, rest)
+
+
 def measure(args: argparse.Namespace) -> dict[str, float]:
     from bench.serving.workload import load_prompt_maker
     from bench.suite.scenarios import run_system
@@ -97,6 +131,8 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
         from bench.inprocess_engine import make_llm
 
         alone = InProcessTarget("in-process", make_llm())  # beside the idle services
+        if args.engine_cpus:
+            alone = pin_engine(target, alone, args.engine_cpus)
         return paired_figures(target, alone, maker, profile, names, args.pairs)
 
 
@@ -111,7 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=3,
                    help="--in-process: served and in-process runs of each scenario, "
                    "alternating, on fresh prompts each pair (figures: medians)")
+    p.add_argument("--engine-cpus", type=lambda text: {int(c) for c in text.split(",")},
+                   default=set(), help="--in-process: CPUs (0,1,...) for the engine's threads, "
+                   "served and in process; everything else runs on the other CPUs")
     args = p.parse_args(argv)
+    if args.engine_cpus and not (args.in_process
+                                 and args.engine_cpus < set(os.sched_getaffinity(0))):
+        p.error("--engine-cpus goes with --in-process and leaves this machine a CPU for the rest")
     if args.pairs < 1:
         p.error("--pairs takes a count of 1 or more")
     if args.base_url and args.in_process:
@@ -121,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         from bench import ab
 
         flags = [*(["--base-url", args.base_url] if args.base_url else []),
-                 *(["--in-process", "--pairs", str(args.pairs)] if args.in_process else [])]
+                 *(["--in-process", "--pairs", str(args.pairs)] if args.in_process else []),
+                 *(["--engine-cpus", ",".join(map(str, sorted(args.engine_cpus)))]
+                   if args.engine_cpus else [])]
         ab.compare(args.variant, args.rounds, child_argv("serve", args, tuple(flags)), args.out)
         return 0
     from bench.ab import format_figures
