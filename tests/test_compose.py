@@ -69,6 +69,9 @@ def test_cpu_override_drops_the_gpu_reservation():
     engine = _load("docker-compose.cpu.yml")["services"]["engine"]
     assert engine["deploy"] is None
     assert engine["environment"]["CONVEYOR_ENGINE_DEVICE"] == "cpu"
+    # the base file's GPU choices (bfloat16, triton) are replaced by `make run`'s CPU choices
+    assert engine["environment"]["CONVEYOR_ENGINE_DTYPE"] == "auto"
+    assert engine["environment"]["CONVEYOR_ENGINE_ATTENTION_BACKEND"] == "auto"
 
 
 def test_gateway_waits_for_healthy_dependencies(compose):

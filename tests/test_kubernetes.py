@@ -193,7 +193,10 @@ def test_only_the_gpu_overlay_asks_for_nvidia_gpus():
     assert gpu["limits"]["nvidia.com/gpu"] == 1
     assert "nvidia.com/gpu" not in m.container("cpu", "engine")["resources"].get("limits", {})
     assert m.container_env("gpu", "engine")["CONVEYOR_ENGINE_DEVICE"] == "cuda"
-    assert m.container_env("cpu", "engine")["CONVEYOR_ENGINE_DEVICE"] == "cpu"
+    cpu_env = m.container_env("cpu", "engine")
+    assert cpu_env["CONVEYOR_ENGINE_DEVICE"] == "cpu"
+    assert (cpu_env["CONVEYOR_ENGINE_DTYPE"], cpu_env["CONVEYOR_ENGINE_ATTENTION_BACKEND"]) == (
+        "auto", "auto"), "CPU nodes pick dtype and attention as `make run` does"
     for name in ("gateway", "tokenizer", "detok"):
         assert "nvidia.com/gpu" not in str(m.container("gpu", name)["resources"])
 
