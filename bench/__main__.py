@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from bench.children import stop_on_sigterm
+
 COMMANDS = {
     "serve": ("bench.serve", "the served pipeline (or any OpenAI server) on named scenarios, "
               "CPU per process, served/in-process; A/B by settings or revision"),
@@ -47,6 +49,7 @@ def main(argv: list[str]) -> int:
     if name == "peers":
         rest = ["--only", "peers", *rest]
     sys.argv = [f"python -m bench {name}", *rest]  # argparse names the command in its help
+    stop_on_sigterm()
     return importlib.import_module(COMMANDS[name][0]).main() or 0
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.arms import run_rounds
+from bench.children import run_python
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,8 +84,8 @@ def run_child(argv: list[str], variant: Variant) -> dict[str, float]:
     """`python -m bench ARGV --json-out FILE` in a fresh process with the variant's code and
     environment; the figures it wrote."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run([sys.executable, "-m", "bench", *argv, "--json-out", out.name],
-                       env=variant_env(variant), cwd=REPO_ROOT, check=True)
+        run_python(["-m", "bench", *argv, "--json-out", out.name], env=variant_env(variant),
+                   cwd=REPO_ROOT)
         return json.loads(Path(out.name).read_text())
 
 

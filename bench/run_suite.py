@@ -37,6 +37,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from bench.children import run_python
 from bench.serving.workload import FULL, QUICK, Profile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -230,7 +231,7 @@ def run_section(part: str, args: argparse.Namespace, img_dir: Path, threads: int
         command, full, quick = SECTIONS[part]
         argv = ["bench", command, *(quick if args.quick else full),
                 "--out", str(img_dir / f"{part.replace('-', '_')}.md")]
-    subprocess.run([sys.executable, "-m", *argv], cwd=REPO_ROOT, check=True)
+    run_python(["-m", *argv], cwd=REPO_ROOT)
 
 
 def main(argv: list[str] | None = None) -> int:

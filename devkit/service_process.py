@@ -111,12 +111,21 @@ def settings_env(service: str, settings: Mapping[str, str]) -> dict[str, str]:
 
 
 def start_all(processes: Sequence[ServiceProcess], timeout_s: float = 600) -> None:
-    """Start `processes` in parallel; if one fails, stop them all and raise its error."""
-    with ThreadPoolExecutor(len(processes)) as pool:
-        errors = [e for e in pool.map(lambda p: _start(p, timeout_s), processes) if e]
-    if errors:
-        stop_all(processes)
-        raise errors[0]
+    """Start `processes` in parallel; if one fails, or this thread is interrupted while they
+    start (Ctrl-C, a benchmark's SIGTERM), stop them all and raise."""
+    try:
+        with ThreadPoolExecutor(len(processes)) as pool:
+            starts = [pool.submit(_start, p, timeout_s) for p in processes]
+            try:
+                errors = [e for e in (start.result() for start in starts) if e]
+            except BaseException:  # interrupted: the starts in flight see their process end
+                stop_all(processes)
+                raise
+        if errors:
+            raise errors[0]
+    except BaseException:
+        stop_all(processes)  # again: one may have been spawned after the first
+        raise
 
 
 def _start(process: ServiceProcess, timeout_s: float) -> BaseException | None:
