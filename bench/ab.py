@@ -65,8 +65,11 @@ def checkout(rev: str) -> Path:
                          check=True, capture_output=True, text=True).stdout.strip()
     tree = Path(tempfile.gettempdir()) / "conveyor-ab" / sha[:12]
     if not tree.is_dir():
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=REPO_ROOT,
-                       check=True, capture_output=True)
+        # A worktree whose folder was deleted (a cleared $TMPDIR) stays registered, and git
+        # refuses to add one at its path again until the registration is pruned.
+        for command in (["prune"], ["add", "--detach", str(tree), sha]):
+            subprocess.run(["git", "worktree", *command], cwd=REPO_ROOT, check=True,
+                           capture_output=True)
         subprocess.run([sys.executable, "scripts/gen_protos.py"], cwd=tree, check=True)
     return tree
 

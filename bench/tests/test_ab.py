@@ -71,3 +71,15 @@ def test_every_command_has_a_main_and_the_list_names_them():
     unknown = subprocess.run([sys.executable, "-m", "bench", "nope"], capture_output=True,
                              text=True, cwd=ab.REPO_ROOT)
     assert unknown.returncode == 2
+
+
+def test_a_revision_checks_out_again_after_its_worktree_folder_was_deleted(tmp_path, monkeypatch):
+    monkeypatch.setattr(ab.tempfile, "gettempdir", lambda: str(tmp_path))
+    tree = ab.checkout("HEAD")
+    try:
+        assert (tree / "scripts/gen_protos.py").is_file()
+        subprocess.run(["rm", "-rf", str(tree)], check=True)  # as a cleared $TMPDIR leaves it
+        assert ab.checkout("HEAD") == tree and (tree / "scripts/gen_protos.py").is_file()
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ab.REPO_ROOT,
+                       capture_output=True)
