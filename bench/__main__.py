@@ -31,6 +31,7 @@ COMMANDS = {
     "lora": ("bench.lora", "multi-LoRA against the base model, in process"),
     "structured-outputs": ("bench.structured_outputs", "grammar-constrained decoding's cost"),
     "n-fanout": ("bench.n_fanout", "n samples in one request against n requests"),
+    "grpc-message": ("bench.grpc_message", "Python gRPC's CPU per streamed message, by transport"),
     "batch-interference": ("bench.batch_interference", "interactive TTFT while a batch runs"),
 }
 
