@@ -67,7 +67,8 @@ def run_rounds(arms: Sequence[str], rounds: int, measure: Callable[[str], Sample
                 if index >= skip:
                     samples[arm].append(sample)
                     bar.write(f"round {index + 1 - skip} {arm}: " + "  ".join(
-                        f"{k} {v:.3g}" for k, v in sample.items() if isinstance(v, float)))
+                        f"{k} {v:.3g}" for k, v in sample.items() if isinstance(v, float)),
+                        file=sys.stderr)  # stdout holds the figures alone (JSON)
                 bar.update()
     return Rounds(samples)
 

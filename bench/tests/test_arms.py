@@ -26,6 +26,12 @@ def test_rounds_run_in_rotating_order_and_the_warm_up_round_is_not_kept():
                               "c": [{"t": 4}, {"t": 6}]}
 
 
+def test_the_rounds_are_written_to_stderr_and_stdout_stays_for_the_figures(capsys):
+    arms.run_rounds(("a", "b"), 1, lambda arm: {"t": 1.5})
+    out, err = capsys.readouterr()
+    assert out == "" and "round 1 a: t 1.5" in err and "round 1 b: t 1.5" in err
+
+
 def test_medians_ratios_per_round_and_totals():
     rounds = arms.Rounds({"base": [{"x": 10}, {"x": 20}, {"x": 40}],
                           "new": [{"x": 5}, {"x": 30}, {"x": 20}]})
