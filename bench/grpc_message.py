@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 
@@ -29,6 +30,7 @@ from bench import arms
 from bench.suite.cpu_time import snapshot, spent
 from devkit.ports import free_port
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("aio tcp", "aio unix", "sync tcp")
 WARM_UP = 50
 _METHOD = "/bench.Tokens/Stream"
@@ -69,32 +71,38 @@ def serve(arm: str, address: str, messages: int, gap_s: float) -> None:
     asyncio.run(run())
 
 
+class _Tally:
+    """Counts one stream's messages; CPU of both sides from the end of the warm-up on."""
+
+    def __init__(self, sender: int) -> None:
+        self.sender, self.received, self.before = sender, 0, None
+
+    def tick(self) -> None:
+        self.received += 1
+        if self.received == WARM_UP:
+            self.before = snapshot({"send": self.sender})
+
+    def figures(self) -> arms.Sample:
+        cpu, counted = spent(self.before, snapshot({"send": self.sender})), self.received - WARM_UP
+        return {"send us/message": 1e6 * cpu["send"] / counted,
+                "receive us/message": 1e6 * cpu["client"] / counted}
+
+
 def _receive(arm: str, address: str, sender: int) -> arms.Sample:
-    """Read one stream; CPU a message of both sides past the warm-up messages."""
-    def count(call) -> tuple[dict, int]:
-        before, received = None, 0
-        for _ in call:
-            received += 1
-            if received == WARM_UP:
-                before = snapshot({"send": sender})
-        return spent(before, snapshot({"send": sender})), received - WARM_UP
-
-    async def count_aio() -> tuple[dict, int]:
-        async with grpc.aio.insecure_channel(address) as channel:
-            before, received = None, 0
-            async for _ in channel.unary_stream(_METHOD)(b""):
-                received += 1
-                if received == WARM_UP:
-                    before = snapshot({"send": sender})
-            return spent(before, snapshot({"send": sender})), received - WARM_UP
-
+    """Read one stream (this process is the receiving side)."""
+    tally = _Tally(sender)
     if arm.startswith("sync"):
         with grpc.insecure_channel(address) as channel:
-            cpu, received = count(channel.unary_stream(_METHOD)(b""))
-    else:
-        cpu, received = asyncio.run(count_aio())
-    return {"send us/message": 1e6 * cpu["send"] / received,
-            "receive us/message": 1e6 * cpu["client"] / received}
+            for _ in channel.unary_stream(_METHOD)(b""):
+                tally.tick()
+        return tally.figures()
+
+    async def read() -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            async for _ in channel.unary_stream(_METHOD)(b""):
+                tally.tick()
+    asyncio.run(read())
+    return tally.figures()
 
 
 def measure(arm: str, messages: int, gap_s: float) -> arms.Sample:
@@ -102,8 +110,8 @@ def measure(arm: str, messages: int, gap_s: float) -> arms.Sample:
         address = (f"unix://{folder}/grpc.sock" if arm.endswith("unix")
                    else f"127.0.0.1:{free_port()}")
         with subprocess.Popen([sys.executable, "-m", "bench.grpc_message", "--serve", arm,
-                               address, str(messages), str(gap_s)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) as server:
+                               address, str(messages), str(gap_s)], cwd=REPO_ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as server:
             try:
                 if server.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"the {arm} server did not start")
