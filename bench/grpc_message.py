@@ -22,15 +22,14 @@ import sys
 import tempfile
 import time
 from concurrent import futures
-from pathlib import Path
 
 import grpc
 
 from bench import arms
+from bench.ab import REPO_ROOT
 from bench.suite.cpu_time import snapshot, spent
 from devkit.ports import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("aio tcp", "aio unix", "sync tcp")
 WARM_UP = 50
 _METHOD = "/bench.Tokens/Stream"
