@@ -58,44 +58,69 @@ def counting_steps(llm: LLM) -> list[int]:
     return count
 
 
+GREEDY = SamplingParams(temperature=0.0, max_tokens=48)
+ALLOWED = [330, 331, 332, 333]
+SEEDS = 400
+
+
+def greedy_one_at_a_time(llm: LLM, support) -> tuple[list[list[int]], int]:
+    """Each prompt's greedy output, one request at a time (c1, where speculation pays), and
+    the engine steps they took."""
+    outputs, steps = [], 0
+    for ids in prompts(support):
+        count = counting_steps(llm)
+        [out] = llm.generate([{"prompt_token_ids": ids}], GREEDY, use_tqdm=False)
+        llm.core.step = type(llm.core).step.__get__(llm.core)
+        steps += count[0]
+        outputs.append(out.outputs[0].token_ids)
+    return outputs, steps
+
+
+def third_tokens(llm: LLM) -> Counter:
+    """The third output token over SEEDS seeds: four tokens allowed (logit_bias) after a
+    prompt that cycles through them, so n-gram drafts are proposed for any output that
+    continues the cycle (a longer prompt holds no other n-grams and costs more prefill)."""
+    params = [SamplingParams(temperature=1.0, seed=seed, max_tokens=3, ignore_eos=True,
+                             logit_bias={t: 100.0 for t in ALLOWED}) for seed in range(SEEDS)]
+    outputs = llm.generate([{"prompt_token_ids": ALLOWED * 2}] * SEEDS, params, use_tqdm=False)
+    return Counter(o.outputs[0].token_ids[2] for o in outputs)
+
+
+@pytest.fixture(scope="module")
+def plain(engines, engine_test_support) -> dict:
+    """The engine without drafts, run once for both methods: greedy outputs and steps, and
+    the sampled third tokens."""
+    outputs, steps = greedy_one_at_a_time(engines["plain"], engine_test_support)
+    return {"greedy": outputs, "steps": steps, "third_tokens": third_tokens(engines["plain"])}
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_greedy_output_is_the_same_in_fewer_steps(engines, engine_test_support, method):
+def test_greedy_output_is_the_same_in_fewer_steps(engines, engine_test_support, plain, method):
     """n-gram: measured 285 vs 348 steps; a draft model (the same model in q4_1_int8):
     fewer still, its drafts agree with the model far more often."""
-    greedy = SamplingParams(temperature=0.0, max_tokens=48)
-    items = [{"prompt_token_ids": ids} for ids in prompts(engine_test_support)]
-    steps = {}
-    outputs = {}
-    for name in ("plain", method):
-        llm = engines[name]
-        for item in items:  # one at a time: c1, where speculation pays
-            count = counting_steps(llm)
-            [out] = llm.generate([item], greedy, use_tqdm=False)
-            llm.core.step = type(llm.core).step.__get__(llm.core)
-            steps[name] = steps.get(name, 0) + count[0]
-            outputs.setdefault(name, []).append(out.outputs[0].token_ids)
-    assert outputs[method] == outputs["plain"]
-    assert steps[method] < 0.9 * steps["plain"], steps
+    outputs, steps = greedy_one_at_a_time(engines[method], engine_test_support)
+    assert outputs == plain["greedy"]
+    assert steps < 0.9 * plain["steps"], (steps, plain["steps"])
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_sampled_output_keeps_its_distribution(engines, method):
-    """Four tokens allowed (logit_bias), a prompt that repeats them so drafts are proposed;
-    the third output token's distribution over 400 seeds, with and without drafts, passes a
-    two-sample chi-square at p = 0.001 (3 degrees of freedom: 16.27)."""
-    allowed = [330, 331, 332, 333]
-    prompt = allowed * 6
-    counts = {}
-    for name in ("plain", method):
-        llm = engines[name]
-        params = [SamplingParams(temperature=1.0, seed=seed, max_tokens=3, ignore_eos=True,
-                                 logit_bias={t: 100.0 for t in allowed})
-                  for seed in range(400)]
-        outputs = llm.generate([{"prompt_token_ids": prompt}] * 400, params, use_tqdm=False)
-        counts[name] = Counter(o.outputs[0].token_ids[2] for o in outputs)
-    assert set(counts["plain"]) <= set(allowed) and set(counts[method]) <= set(allowed)
+def test_sampled_output_keeps_its_distribution(engines, plain, method):
+    """The third output token's distribution over 400 seeds, with and without drafts, passes
+    a two-sample chi-square at p = 0.001 (3 degrees of freedom: 16.27); the drafts were both
+    kept and rejected on the way."""
+    llm = engines[method]
+    verified = []
+    llm.core.timer.on_iteration = verified.append
+    try:
+        counts = {"plain": plain["third_tokens"], method: third_tokens(llm)}
+    finally:
+        llm.core.timer.on_iteration = None
+    drafted = sum(stats.num_draft_tokens for stats in verified)
+    accepted = sum(stats.num_accepted_tokens for stats in verified)
+    assert 0 < accepted < drafted, (accepted, drafted)
+    assert set(counts["plain"]) <= set(ALLOWED) and set(counts[method]) <= set(ALLOWED)
     statistic = 0.0
-    for token in allowed:
+    for token in ALLOWED:
         a, b = counts["plain"][token], counts[method][token]
         if a + b:
             expected = (a + b) / 2  # equal totals: each side expects half the pooled count
