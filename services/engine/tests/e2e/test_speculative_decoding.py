@@ -109,12 +109,12 @@ def test_sampled_output_keeps_its_distribution(engines, plain, method):
     a two-sample chi-square at p = 0.001 (3 degrees of freedom: 16.27); the drafts were both
     kept and rejected on the way."""
     llm = engines[method]
-    verified = []
+    verified, previous = [], llm.core.timer.on_iteration
     llm.core.timer.on_iteration = verified.append
     try:
         counts = {"plain": plain["third_tokens"], method: third_tokens(llm)}
     finally:
-        llm.core.timer.on_iteration = None
+        llm.core.timer.on_iteration = previous
     drafted = sum(stats.num_draft_tokens for stats in verified)
     accepted = sum(stats.num_accepted_tokens for stats in verified)
     assert 0 < accepted < drafted, (accepted, drafted)
