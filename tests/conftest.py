@@ -18,12 +18,14 @@ from devkit.stack import PIPELINE, Stack, StackSpec, installed
 REDIS_URL = redis_url()
 REDIS_PREFIX = f"e2e:{uuid.uuid4().hex[:12]}"
 """This session's Redis namespace (keys, quotas, bindings, timelines), deleted at the end."""
-ENGINE_SETTINGS = {"DTYPE": "float32", "MAX_MODEL_LEN": "2048"}
+ENGINE_SETTINGS = {"DTYPE": "float32", "MAX_MODEL_LEN": "2048", "TORCH_THREADS": "1"}
 """MAX_MODEL_LEN: the engine's is the only setting of it (the gateway and tokenizer use the
 value it publishes); a small context keeps the engine's KV pool (and start-up) small on the
 CPU. float32: the tests compare greedy output across runs and batches, which float32 keeps
 equal; dtype auto is bfloat16 on a CPU with AMX or AVX512-BF16, whose greedy output moves
-with the batch a request shares (docs/performance.md, bf16)."""
+with the batch a request shares (docs/performance.md, bf16). One torch thread: the test
+clients and the other services share the cores with the engine, whichever of them is busy
+when it starts."""
 
 
 def stack_spec(log_dir: Path) -> StackSpec:

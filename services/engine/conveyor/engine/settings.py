@@ -10,6 +10,7 @@ from pydantic_settings import SettingsConfigDict
 
 from conveyor.common.registration_settings import RegistrationSettings
 from conveyor.common.settings import ModelSettingsMixin, ServiceSettings
+from conveyor.engine.idle_cores import idle_cpu_count
 
 DEFAULT_PORT = 50052
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -18,12 +19,6 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton", "native")
 SPECULATIVE_METHODS = ("ngram", "draft")
 WAITING_TOKENS_PER_BATCHED_TOKEN = 8
 """The default waiting-token bound in step budgets: about 8 full prefill steps queued."""
-
-
-def idle_cpu_count() -> int:
-    """Cores this process may use minus those other work keeps busy (1-minute load), >= 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) - round(os.getloadavg()[0]))
 
 
 def _default_engine_id() -> str:
@@ -105,7 +100,8 @@ class EngineSettings(ModelSettingsMixin, RegistrationSettings, ServiceSettings):
     torch_threads: int | None = Field(
         None, ge=0, validate_default=True,
         description="CPU threads for torch; 0 = torch's default (all cores); unset = the cores "
-        "not busy at start-up (CPU count minus the 1-minute load average, at least 1): "
+        "not busy at start-up (CPU count minus the cores both the 1-minute load average and the "
+        "CPU in use now by processes other than the engine's siblings show busy, at least 1): "
         "threads spinning against other processes made steps 2-7x slower.",
     )
     grammar_compile_timeout_s: float = Field(
