@@ -1,9 +1,9 @@
 """How many torch threads the engine takes when none are set: the cores it may run on minus
 those other work keeps busy, where "busy" must show in two measures: the 1-minute load
 average (work that lasts) and the CPU used over a quarter second now by processes other than
-the engine's siblings (the services one launcher started with it). The load average alone
-also counts work that has just ended: after a minute of native builds it read 1.4 on an idle
-2-core machine, and `make run`'s engine started with 1 thread instead of 2."""
+the engine's sibling services (the Conveyor services one launcher started with it). The load
+average alone also counts work that has just ended: after a minute of native builds it read
+1.4 on an idle 2-core machine, and `make run`'s engine started with 1 thread instead of 2."""
 
 from __future__ import annotations
 
@@ -37,8 +37,9 @@ def idle_cores(cores: int, load: float, busy_now: float | None) -> int:
 
 
 def busy_cores(window_s: float) -> tuple[float, float]:
-    """Cores in use over `window_s`: the whole machine's, and those of this process and its
-    siblings (the same parent, when that parent is not init)."""
+    """Cores in use over `window_s`: the whole machine's, and those of this process and of
+    its sibling services (`python -m conveyor.*` processes of the same parent, when that
+    parent is not init)."""
     host, family, start = _host_ticks(), _family_ticks(), time.monotonic()
     time.sleep(window_s)
     host_after, family_after = _host_ticks(), _family_ticks()
@@ -55,17 +56,28 @@ def _host_ticks() -> int:
 
 
 def _family_ticks() -> dict[int, int]:
-    """user + system ticks of this process and of its siblings, by pid."""
+    """user + system ticks of this process and of its sibling services, by pid."""
+    own = os.getpid()
+    family = {own: _ticks(own)[1]}
     parent = os.getppid()
     if parent <= 1:
-        return {os.getpid(): _ticks(os.getpid())[1]}
-    family = {}
+        return family
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdigit() and int(entry.name) != own:
             ppid, ticks = _ticks(int(entry.name))
-            if ppid == parent:
+            if ppid == parent and _is_service(int(entry.name)):
                 family[int(entry.name)] = ticks
     return family
+
+
+def _is_service(pid: int) -> bool:
+    """Whether the process runs a Conveyor module (`python -m conveyor.<name>`)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return any(flag == b"-m" and module.startswith(b"conveyor.")
+               for flag, module in zip(argv, argv[1:], strict=False))
 
 
 def _ticks(pid: int) -> tuple[int, int]:

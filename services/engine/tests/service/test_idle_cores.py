@@ -1,6 +1,6 @@
 """The engine's default thread count: cores minus those busy by both the 1-minute load and
-the CPU in use now, where the engine's siblings (the services its launcher started with it)
-do not count as other work."""
+the CPU in use now, where the engine's sibling services (the Conveyor services its launcher
+started with it) do not count as other work."""
 
 import json
 import os
@@ -43,9 +43,16 @@ def _busy_cores_beside(spinner: list[str]) -> tuple[float, float]:
     return host, family
 
 
-def test_a_busy_sibling_is_the_familys_own_work():
-    host, family = _busy_cores_beside([sys.executable, "-c", SPIN])
+def test_a_busy_sibling_service_is_the_familys_own_work():
+    # its command line names a conveyor module as `python -m conveyor.<name>` does
+    host, family = _busy_cores_beside([sys.executable, "-c", SPIN, "-m", "conveyor.spinner"])
     assert family >= 0.3, (host, family)
+
+
+def test_a_busy_sibling_that_is_no_service_is_other_work():
+    """A shell's background job beside `python -m bench offline`, say."""
+    host, family = _busy_cores_beside([sys.executable, "-c", SPIN])
+    assert family < 0.3 and host - family >= 0.3, (host, family)
 
 
 def test_a_busy_process_of_another_parent_is_other_work():
