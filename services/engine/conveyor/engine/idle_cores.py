@@ -23,9 +23,12 @@ def idle_cpu_count() -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0]
     busy_now = None
-    if round(load) and Path("/proc/stat").exists():
-        host, family = busy_cores(SAMPLE_S)
-        busy_now = host - family
+    if round(load):
+        try:
+            host, family = busy_cores(SAMPLE_S)
+            busy_now = host - family
+        except OSError:  # no /proc (not Linux), or not readable here: the load alone
+            pass
     return idle_cores(cores or 1, load, busy_now)
 
 
@@ -74,16 +77,17 @@ def _is_service(pid: int) -> bool:
     """Whether the process runs a Conveyor module (`python -m conveyor.<name>`)."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:  # gone, or another user's process hidden from this one
         return False
     return any(flag == b"-m" and module.startswith(b"conveyor.")
                for flag, module in zip(argv, argv[1:], strict=False))
 
 
 def _ticks(pid: int) -> tuple[int, int]:
-    """(parent pid, user + system ticks) of a process; (-1, 0) once it has gone."""
+    """(parent pid, user + system ticks) of a process; (-1, 0) once it has gone or where it
+    cannot be read."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+    except (OSError, IndexError):
         return -1, 0
     return int(fields[1]), int(fields[11]) + int(fields[12])
