@@ -1,14 +1,11 @@
-"""The `python -m conveyor.<service>` entry every gRPC service shares: the service runs on
-uvloop's event loop (libuv), which spends less CPU than asyncio's on each streamed message
-(docs/performance.md: detok 11-15% less CPU a token)."""
+"""The `python -m conveyor.<service>` entry every gRPC service shares."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
-
-import uvloop
 
 from conveyor.common.settings import ServiceSettings
 
@@ -23,7 +20,7 @@ def run_service(name: str, serve: Callable[[S], Awaitable[None]], settings_class
     that message and exit with status 2 instead of a traceback.
     """
     try:
-        uvloop.run(serve(settings_class()))
+        asyncio.run(serve(settings_class()))
     except ValueError as exc:
         print(f"conveyor.{name}: {exc}", file=sys.stderr)
         return 2

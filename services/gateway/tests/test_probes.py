@@ -6,12 +6,10 @@ import asyncio
 import signal
 
 import httpx
-import uvloop
-from fastapi import FastAPI
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import uvicorn
 
 from conveyor.gateway.app import create_app
-from conveyor.gateway.server import GatewayServer, uvicorn_config
+from conveyor.gateway.server import GatewayServer
 from conveyor.gateway.settings import GatewaySettings
 
 UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
@@ -43,9 +41,8 @@ async def test_draining_is_not_ready_but_live(gateway):
 
 async def test_signal_keeps_listening_while_a_request_is_in_flight(fakes, redis_url, prefix,
                                                                    wait_until):
-    """GatewayServer after SIGTERM, with the gateway's own uvicorn settings (httptools'
-    protocol): still serves probes (ready 503) while a request runs, and stops once it is
-    done."""
+    """GatewayServer after SIGTERM: still serves probes (ready 503) while a request runs,
+    and stops once it is done."""
     settings = GatewaySettings(port=0, tokenizer_address=fakes.address("tokenizer"),
                                engine_addresses=fakes.address("engine"),
                                detok_address=fakes.address("detok"), redis_url=redis_url,
@@ -58,7 +55,8 @@ async def test_signal_keeps_listening_while_a_request_is_in_flight(fakes, redis_
         await release.wait()
         return {"done": True}
 
-    server = GatewayServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
+    server = GatewayServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None,
+                                          lifespan="on"), app, settings.drain_timeout_s)
     serving = asyncio.create_task(server.serve())
     await wait_until(lambda: server.started, timeout_s=5)
     url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
@@ -73,14 +71,3 @@ async def test_signal_keeps_listening_while_a_request_is_in_flight(fakes, redis_
         assert (await in_flight).json() == {"done": True}
     await asyncio.wait_for(serving, timeout=10)
 
-
-
-def test_the_gateway_runs_on_uvloop_and_httptools():
-    config = uvicorn_config(FastAPI(), GatewaySettings())
-    config.load()
-    loop = config.get_loop_factory()()
-    try:
-        assert isinstance(loop, uvloop.Loop)
-    finally:
-        loop.close()
-    assert config.http_protocol_class is HttpToolsProtocol

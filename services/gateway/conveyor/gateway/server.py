@@ -67,20 +67,13 @@ class GatewayServer(uvicorn.Server):
         return not self.server_state.tasks or time.monotonic() >= self._drain_deadline
 
 
-def uvicorn_config(app: FastAPI, settings: GatewaySettings) -> uvicorn.Config:
-    """uvicorn's settings for the gateway: uvloop's event loop and httptools' HTTP protocol,
-    which spend less CPU a streamed chunk than asyncio's loop and h11 (docs/performance.md:
-    17-20% less gateway CPU a token)."""
-    return uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-        timeout_graceful_shutdown=settings.drain_timeout_s, lifespan="on",
-        loop="uvloop", http="httptools",
-    )
-
-
 def main() -> None:
     settings = GatewaySettings()
     setup_logging("gateway", settings.log_level, settings.log_json)
     setup_tracing("conveyor-gateway")
     app = create_app(settings)
-    GatewayServer(uvicorn_config(app, settings), app, settings.drain_timeout_s).run()
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+        timeout_graceful_shutdown=settings.drain_timeout_s, lifespan="on",
+    )
+    GatewayServer(config, app, settings.drain_timeout_s).run()
