@@ -10,7 +10,9 @@ and its figures go through the serving benchmark's metric code: output tok/s, TT
 p50 per scenario. Engine settings come from the environment (CONVEYOR_ENGINE_*), which is how
 a variant sets them. `--steps` times single engine steps instead (the median decode step at
 each concurrency over 256-token contexts, and a prefill step of 2,048 tokens): the quickest
-A/B signal for a change inside a step. With `--variant` the run is an A/B (bench/ab.py).
+A/B signal for a change inside a step; greedy unless `--sampling` sets the requests'
+SamplingParams (`--sampling temperature=1,top_p=0.9`). With `--variant` the run is an A/B
+(bench/ab.py).
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def measure_steps(args: argparse.Namespace) -> dict[str, float]:
     from conveyor.engine.sampling_params import SamplingParams
 
     llm, maker = make_llm(args.threads), load_prompt_maker()
-    params = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
+    params = SamplingParams(**{"temperature": 0.0, **sampling_fields(args.sampling)},
+                            max_tokens=1000, ignore_eos=True)
     profile, names = profile_of(args)
     figures = {}
     for name in names:
@@ -106,6 +109,12 @@ def measure_steps(args: argparse.Namespace) -> dict[str, float]:
     return figures
 
 
+def sampling_fields(text: str) -> dict[str, float]:
+    """"temperature=1,top_p=0.9" -> {"temperature": 1.0, "top_p": 0.9} (top_k an int)."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    return {key: int(value) if key == "top_k" else float(value) for key, value in pairs}
+
+
 def _median_step_ms(llm, count: int) -> float:
     times = []
     for _ in range(count):
@@ -120,11 +129,20 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, "c1,c16")
     p.add_argument("--steps", action="store_true", help="time single steps (see above)")
+    p.add_argument("--sampling", default="",
+                   help="with --steps: the requests' SamplingParams as KEY=VALUE,... "
+                   "(temperature=1,top_p=0.9; default greedy)")
     args = p.parse_args(argv)
+    if args.sampling and not args.steps:
+        p.error("--sampling applies to --steps only (the scenarios are greedy)")
+    try:
+        sampling_fields(args.sampling)
+    except ValueError:
+        p.error(f"--sampling takes KEY=VALUE,... with numbers, got {args.sampling!r}")
     if args.variant:
         from bench import ab
 
-        flags = ("--steps",) if args.steps else ()
+        flags = ("--steps", "--sampling", args.sampling) if args.steps else ()
         ab.compare(args.variant, args.rounds, child_argv("offline", args, flags), args.out)
         return 0
     figures = measure_steps(args) if args.steps else measure(args)

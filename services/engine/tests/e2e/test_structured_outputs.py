@@ -66,11 +66,12 @@ CASES = {  # name: (question, constraint, check of the text)
 
 @pytest.fixture(scope="module")
 def llm(engine_test_support):
-    # A small pool (20 blocks of 16 tokens) for a dozen requests at once: some are preempted.
+    # A small pool (16 blocks of 16 tokens, one max_model_len) for a dozen requests at once:
+    # some are preempted.
     # float32: the greedy cases must finish within max_tokens, which was checked in float32
     # (bf16's greedy output, dtype auto's on a bf16 CPU, changes with the batch).
     llm = LLM(engine_test_support.model, torch_threads=engine_test_support.torch_threads,
-              max_model_len=256, num_kv_blocks=20, dtype="float32")
+              max_model_len=256, num_kv_blocks=16, dtype="float32")
     yield llm
     del llm
     gc.collect()
@@ -89,8 +90,10 @@ def params(constraint: dict, **knobs) -> SamplingParams:
 def test_every_kind_greedy_and_seeded_is_valid_even_when_preempted(llm):
     names = [name for name in CASES for _ in range(2)]
     prompts = [chat(llm, CASES[name][0]) for name in names]
+    # Seeded rows at 0.7: at 1.0 this model's JSON object can run past max_tokens, and which
+    # seeds do depends on the sampler's draw (it changed with inverse transform sampling).
     sampling = [params(CASES[name][1], temperature=0.0) if i % 2 == 0 else
-                params(CASES[name][1], temperature=1.0, seed=i)
+                params(CASES[name][1], temperature=0.7, seed=i)
                 for i, name in enumerate(names)]
     # Every grammar compiled and cached first, so that all requests are ready at the first
     # step whatever the load (else compiles finishing one by one stagger the admissions, and

@@ -1,4 +1,4 @@
-"""The index of each row's largest value: what greedy sampling and the exponential race pick."""
+"""The index of each row's largest value: what greedy sampling picks."""
 
 from __future__ import annotations
 

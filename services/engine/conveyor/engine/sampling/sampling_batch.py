@@ -59,6 +59,8 @@ class SamplingBatch:
     all_greedy: bool
     temperature: torch.Tensor
     top_k: torch.Tensor | None
+    max_top_k: int
+    """The largest top_k below the vocabulary (0 when no row has one), read on the host."""
     penalties: PenaltyInputs | None
     logit_bias: TokenMask | None
     min_tokens_mask: TokenMask | None
@@ -87,14 +89,15 @@ class SamplingBatch:
                       vocab_size: int, device: torch.device) -> SamplingBatch:
         params = [r.sampling_params for r in requests]
         greedy = [p.is_greedy or p.temperature < MIN_TEMPERATURE for p in params]
-        top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
+        top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+        max_top_k = max((k for k in top_k if k < vocab_size), default=0)
         return cls(
             greedy=_on_device(greedy, device),
             all_greedy=all(greedy),
             temperature=_on_device([1.0 if g else p.temperature
                                     for p, g in zip(params, greedy, strict=True)], device),
-            top_k=(_on_device(top_k, device)
-                   if any(k < vocab_size for k in top_k) else None),
+            top_k=_on_device(top_k, device) if max_top_k else None,
+            max_top_k=max_top_k,
             penalties=_penalty_inputs(requests, vocab_size, device),
             logit_bias=_logit_bias(params, device),
             min_tokens_mask=_min_tokens_mask(requests, eos_token_ids, device),
