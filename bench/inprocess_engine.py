@@ -33,8 +33,9 @@ def _engine_request(request_id: str, request: BenchRequest, tokenizer, ignore_eo
 
     ids = request.prompt if isinstance(request.prompt, list) else tokenizer(
         request.prompt, add_special_tokens=False)["input_ids"]
-    params = SamplingParams(temperature=0.0, max_tokens=request.max_tokens,
-                            ignore_eos=ignore_eos, structured_outputs=structured_outputs)
+    params = SamplingParams(**{"temperature": 0.0, **dict(request.sampling)},
+                            max_tokens=request.max_tokens, ignore_eos=ignore_eos,
+                            structured_outputs=structured_outputs)
     return EngineRequest(request_id, list(ids), params, lora=lora)
 
 

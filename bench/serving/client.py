@@ -33,12 +33,14 @@ class RequestResult:
 
 
 def completion_body(request: BenchRequest, model: str, ignore_eos: bool = True) -> dict:
-    """The JSON body: greedy, streamed, usage in the last chunk, exactly max_tokens out."""
+    """The JSON body: greedy unless the request samples, streamed, usage in the last chunk,
+    exactly max_tokens out."""
     body = {
         "model": model,
         "prompt": request.prompt,
         "max_tokens": request.max_tokens,
         "temperature": 0.0,
+        **dict(request.sampling),
         "stream": True,
         "stream_options": {"include_usage": True},
     }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 WORD_TOKEN = re.compile(r"Ġ[a-z]{3,}")  # "Ġ" is the byte-level BPE mark of a leading space
 
@@ -23,6 +23,8 @@ class BenchRequest:
     prompt: str | list[int]
     prompt_len: int
     max_tokens: int
+    sampling: tuple[tuple[str, float], ...] = ()
+    """Sampling fields of the request body (("temperature", 1.0), ...); greedy when empty."""
 
 
 class PromptMaker:
@@ -109,6 +111,8 @@ class Scenario:
     mixed: bool = False
     """Input and output lengths log-uniform in the profile's mixed ranges, EOS allowed (else
     input_len in, exactly output_len out, ignore_eos)."""
+    sampling: tuple[tuple[str, float], ...] = ()
+    """The requests' sampling fields (greedy when empty)."""
 
     @property
     def ignore_eos(self) -> bool:
@@ -148,6 +152,9 @@ class Profile:
         return next(s for s in self.scenarios if s.name == name)
 
 
+SAMPLED = (("temperature", 1.0),)
+"""The sampled scenarios' requests: the OpenAI API's default temperature."""
+
 FULL = Profile(
     name="full", input_len=256, output_len=64,
     scenarios=(Scenario("c1", 1, 4), Scenario("c16", 16, 64),
@@ -155,7 +162,9 @@ FULL = Profile(
                Scenario("mixed", 16, 64, mixed=True), Scenario("c64", 64, 128),
                Scenario("c64-prefix", 64, 128, prefix_len=512),
                Scenario("c1-prefix", 1, 4, prefix_len=1000),
-               Scenario("c1-prefix-cold", 1, 4, prefix_len=1000, cold_prefix=True)),
+               Scenario("c1-prefix-cold", 1, 4, prefix_len=1000, cold_prefix=True),
+               Scenario("c16-sampled", 16, 64, sampling=SAMPLED),
+               Scenario("c64-sampled", 64, 128, sampling=SAMPLED)),
     mixed_input=(16, 1024), mixed_output=(8, 160), system_budget_s=600.0,
     scenario_duration_s=120.0,
     variant_scenarios=("c1", "c16", "c16-prefix"), hf_scenarios=("c1", "c16", "mixed", "c64"),
@@ -169,7 +178,8 @@ QUICK = Profile(
                Scenario("c16-prefix", 16, 16, prefix_len=128),
                Scenario("mixed", 16, 16, mixed=True),
                Scenario("c1-prefix", 1, 2, prefix_len=256),
-               Scenario("c1-prefix-cold", 1, 2, prefix_len=256, cold_prefix=True)),
+               Scenario("c1-prefix-cold", 1, 2, prefix_len=256, cold_prefix=True),
+               Scenario("c16-sampled", 16, 16, sampling=SAMPLED)),
     mixed_input=(8, 256), mixed_output=(2, 32), system_budget_s=90.0,
     scenario_duration_s=30.0,
     variant_scenarios=("c1", "c16"), hf_scenarios=("c1", "c16", "mixed"),
@@ -181,6 +191,13 @@ QUICK = Profile(
 def scenario_requests(maker: PromptMaker, profile: Profile, scenario: Scenario,
                       seed: int) -> list[BenchRequest]:
     """The warm-up request followed by the `num_requests` measured ones."""
+    requests = _requests(maker, profile, scenario, seed)
+    return [replace(r, sampling=scenario.sampling) for r in requests] if scenario.sampling \
+        else requests
+
+
+def _requests(maker: PromptMaker, profile: Profile, scenario: Scenario,
+              seed: int) -> list[BenchRequest]:
     seeded = PromptMaker(maker.tokenizer, seed)
     num = scenario.num_requests + 1
     if scenario.mixed:

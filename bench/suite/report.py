@@ -72,6 +72,8 @@ SCENARIO_TEXT = {
     "c64-prefix": "concurrency 64, a shared system prompt before each prompt",
     "c1-prefix": "concurrency 1, a longer shared system prompt (cached: warm)",
     "c1-prefix-cold": "concurrency 1, each request its own such system prompt (cold)",
+    "c16-sampled": "concurrency 16, temperature 1 (the OpenAI default) instead of greedy",
+    "c64-sampled": "concurrency 64, temperature 1",
 }
 
 def _header(peers: dict) -> list[str]:

@@ -48,3 +48,15 @@ def test_every_system_gets_the_same_prompts(maker):
     assert len({r.prompt[:200] for r in first}) == 1  # one shared system prompt
     cold = scenario_requests(maker, FULL, FULL.scenario("c1-prefix-cold"), seed=2)
     assert len({r.prompt[:200] for r in cold}) == len(cold)  # each request its own
+
+
+def test_a_sampled_scenario_samples_on_every_path(maker):
+    from bench.inprocess_engine import _engine_request
+    from bench.serving.client import completion_body
+
+    sampled = scenario_requests(maker, FULL, FULL.scenario("c16-sampled"), seed=0)
+    greedy = scenario_requests(maker, FULL, FULL.scenario("c16"), seed=0)
+    assert completion_body(sampled[0], "m")["temperature"] == 1.0
+    assert completion_body(greedy[0], "m")["temperature"] == 0.0
+    engine_request = _engine_request("r", sampled[0], maker.tokenizer, ignore_eos=True)
+    assert engine_request.sampling_params.temperature == 1.0
