@@ -96,7 +96,8 @@ def _header(peers: dict) -> list[str]:
             f"{meta['load_average_end']:.1f} at the end; the comparison took "
             f"{meta['total_s'] / 60:.0f} min.", "",
             f"Workloads: {meta['input_len']}-token random prompts and {meta['output_len']} "
-            "output tokens with ignore_eos, greedy; -prefix: a system prompt of "
+            "output tokens with ignore_eos, greedy (-sampled: temperature 1); -prefix: a "
+            "system prompt of "
             + ", ".join(f"{n} tokens in {name}" for name, n in meta.get("prefix_lens", {}).items())
             + " before them (shared and cached by one request before the measured ones; in "
             "-cold, each request's own); mixed: prompt and output lengths "
