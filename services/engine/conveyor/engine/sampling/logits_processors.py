@@ -40,7 +40,35 @@ def apply_logit_bias(logits: torch.Tensor, bias: TokenMask) -> None:
 
 def apply_penalties(logits: torch.Tensor, penalties: PenaltyInputs) -> None:
     """vLLM's semantics: repetition over prompt + output (divide positive logits,
-    multiply negative ones); frequency by output count; presence once if seen."""
+    multiply negative ones); frequency by output count; presence once if seen.
+
+    On the CPU only the (row, token) entries a history names are read and written, by
+    their index in the flattened logits: tables as wide as the vocabulary took ~40 ms a
+    step at 64 rows of 49,152 there. On CUDA those tables are cheap and the entries' count
+    would be a host read (it waits for the stream)."""
+    if logits.device.type == "cuda":
+        _apply_penalties_by_table(logits, penalties)
+        return
+    vocab = logits.shape[-1]
+    flat = logits.view(-1)
+    rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
+    history = torch.cat([penalties.prompt_ids, penalties.output_ids], dim=1)
+    seen = _flat_entries(rows, history, vocab).unique()
+    repetition = penalties.repetition[seen // vocab]
+    values = flat[seen]
+    flat[seen] = torch.where(values > 0, values / repetition, values * repetition)
+    output, counts = _flat_entries(rows, penalties.output_ids, vocab).unique(return_counts=True)
+    row = output // vocab
+    flat[output] = flat[output] - penalties.frequency[row] * counts - penalties.presence[row]
+
+
+def _flat_entries(rows: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The flat indices (row x vocab + id) of ids [R, N], padding (id `vocab`) left out."""
+    return (rows * vocab + ids)[ids < vocab]
+
+
+def _apply_penalties_by_table(logits: torch.Tensor, penalties: PenaltyInputs) -> None:
+    """`apply_penalties` through V + 1 wide tables (the padding id's column dropped)."""
     num_rows, vocab = logits.shape
     counts = torch.zeros(num_rows, vocab + 1, device=logits.device)
     counts.scatter_add_(1, penalties.output_ids, torch.ones_like(penalties.output_ids,

@@ -37,11 +37,8 @@ class GrammarMask:
 
 @dataclass(slots=True)
 class PenaltyInputs:
-    """Token histories of the rows with penalties, padded with `vocab_size`.
-
-    The padding id is one past the vocabulary: scattered into a V + 1 wide
-    table whose last column is dropped, so it never touches a real token.
-    """
+    """Token histories of the rows with penalties, padded with `vocab_size` (one past the
+    vocabulary, so no padding id names a real token)."""
 
     prompt_ids: torch.Tensor
     output_ids: torch.Tensor
