@@ -41,13 +41,18 @@ class Variant:
         name, _, rev = head.partition("@")
         if not name:
             raise ValueError(f"variant {spec!r}: expected NAME[@REV][=KEY=VALUE,...]")
-        env = {}
-        for entry in filter(None, settings.split(",")):
-            key, sep, value = entry.partition("=")
-            if not sep:
-                raise ValueError(f"variant {spec!r}: {entry!r} is not KEY=VALUE")
-            env[key] = value
-        return cls(name, env, rev or None)
+        return cls(name, key_values(settings, f"variant {spec!r}"), rev or None)
+
+
+def key_values(text: str, what: str) -> dict[str, str]:
+    """"A=1,B=x" -> {"A": "1", "B": "x"}; ValueError naming `what` for an entry without =."""
+    pairs = {}
+    for entry in filter(None, text.split(",")):
+        key, sep, value = entry.partition("=")
+        if not sep:
+            raise ValueError(f"{what}: {entry!r} is not KEY=VALUE")
+        pairs[key] = value
+    return pairs
 
 
 def package_path(tree: Path) -> str:

@@ -110,9 +110,18 @@ def measure_steps(args: argparse.Namespace) -> dict[str, float]:
 
 
 def sampling_fields(text: str) -> dict[str, float]:
-    """"temperature=1,top_p=0.9" -> {"temperature": 1.0, "top_p": 0.9} (top_k an int)."""
-    pairs = [item.split("=", 1) for item in text.split(",") if item]
-    return {key: int(value) if key == "top_k" else float(value) for key, value in pairs}
+    """"temperature=1,top_p=0.9" -> {"temperature": 1.0, "top_p": 0.9} (top_k an int);
+    ValueError for an entry that is not a numeric SamplingParams field."""
+    from dataclasses import fields
+
+    from bench.ab import key_values
+    from conveyor.engine.sampling_params import SamplingParams
+
+    pairs = key_values(text, "--sampling")
+    unknown = set(pairs) - {f.name for f in fields(SamplingParams)}
+    if unknown:
+        raise ValueError(f"--sampling: {sorted(unknown)} are not SamplingParams fields")
+    return {key: int(value) if key == "top_k" else float(value) for key, value in pairs.items()}
 
 
 def _median_step_ms(llm, count: int) -> float:
@@ -137,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--sampling applies to --steps only (the scenarios are greedy)")
     try:
         sampling_fields(args.sampling)
-    except ValueError:
-        p.error(f"--sampling takes KEY=VALUE,... with numbers, got {args.sampling!r}")
+    except ValueError as error:
+        p.error(f"--sampling takes numeric SamplingParams fields as KEY=VALUE,...: {error}")
     if args.variant:
         from bench import ab
 

@@ -83,3 +83,13 @@ def test_a_revision_checks_out_again_after_its_worktree_folder_was_deleted(tmp_p
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ab.REPO_ROOT,
                        capture_output=True)
+
+
+def test_sampling_fields_are_numbers_of_sampling_params_fields():
+    from bench.offline import sampling_fields
+
+    assert sampling_fields("temperature=1,top_k=50") == {"temperature": 1.0, "top_k": 50}
+    assert sampling_fields("") == {}
+    for bad in ("temperature", "topp=0.9", "temperature=x"):
+        with pytest.raises(ValueError):
+            sampling_fields(bad)
