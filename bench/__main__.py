@@ -14,8 +14,8 @@ from bench.children import stop_on_sigterm
 COMMANDS = {
     "serve": ("bench.serve", "the served pipeline (or any OpenAI server) on named scenarios, "
               "CPU per process, served/in-process; A/B by settings or revision"),
-    "offline": ("bench.offline", "the engine in process on named scenarios, or single steps; "
-                "A/B by settings or revision"),
+    "offline": ("bench.offline", "the engine in process on named scenarios, or single steps "
+                "(--profile: where their time goes); A/B by settings or revision"),
     "kernel": ("bench.kernels", "kernels alone: linear, decode-attention, prefill-attention, "
                "roofline, fma"),
     "suite": ("bench.run_suite", "every benchmark behind docs/benchmarks.md, then the report"),
@@ -25,13 +25,9 @@ COMMANDS = {
     "gpu": ("bench.gpu", "decode bandwidth and step throughput on an NVIDIA GPU"),
     "inprocess-targets": ("bench.inprocess_targets", "the engine alone against the DRAM floor "
                           "and the practical roofline"),
-    "weight-formats": ("bench.weight_formats", "the weight formats' speed and accuracy"),
-    "step-profile": ("bench.step_profile", "where a decode step's time goes"),
     "speculative": ("bench.speculative", "speculative decoding's arms, in process"),
     "lora": ("bench.lora", "multi-LoRA against the base model, in process"),
     "structured-outputs": ("bench.structured_outputs", "grammar-constrained decoding's cost"),
-    "n-fanout": ("bench.n_fanout", "n samples in one request against n requests"),
-    "grpc-message": ("bench.grpc_message", "Python gRPC's CPU per streamed message, by transport"),
     "batch-interference": ("bench.batch_interference", "interactive TTFT while a batch runs"),
 }
 

@@ -1,5 +1,5 @@
 """The skeleton of the in-process feature benchmarks (structured outputs, speculative
-decoding, LoRA, n > 1): named arms on one engine, a warm-up round, then rounds in rotating
+decoding, LoRA): named arms on one engine, a warm-up round, then rounds in rotating
 order (A B C, B C A, C A B: a machine that drifts favours no arm); medians, the median of the
 rounds' ratios between two arms (run back to back: the least noisy comparison); the section.
 """

@@ -11,8 +11,10 @@ p50 per scenario. Engine settings come from the environment (CONVEYOR_ENGINE_*),
 a variant sets them. `--steps` times single engine steps instead (the median decode step at
 each concurrency over 256-token contexts, and a prefill step of 2,048 tokens): the quickest
 A/B signal for a change inside a step; greedy unless `--sampling` sets the requests'
-SamplingParams (`--sampling temperature=1,top_p=0.9`). With `--variant` the run is an A/B
-(bench/ab.py).
+SamplingParams (`--sampling temperature=1,top_p=0.9`); `--profile` runs the timed decode steps
+under cProfile and prints where their time goes, function by function (torch ops and native
+kernels included). With `--variant` the run is an
+A/B (bench/ab.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import json
 import statistics
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 FIGURES = {"output_throughput": "tok/s", "p50_ttft_ms": "TTFT p50 ms",
@@ -103,7 +106,8 @@ def measure_steps(args: argparse.Namespace) -> dict[str, float]:
         if n >= 8:
             figures["prefill step ms"] = prefill
         _median_step_ms(llm, 2)
-        figures[f"{name} decode step ms"] = _median_step_ms(llm, 9)
+        with _profiled(args.profile, f"{name} decode steps"):
+            figures[f"{name} decode step ms"] = _median_step_ms(llm, 9)
         llm.core.abort(llm.core.unfinished_request_ids)
         llm.core.step()
     return figures
@@ -124,6 +128,22 @@ def sampling_fields(text: str) -> dict[str, float]:
     return {key: int(value) if key == "top_k" else float(value) for key, value in pairs.items()}
 
 
+@contextmanager
+def _profiled(enabled: bool, title: str):
+    """cProfile around the block when `enabled`, then its functions by own time: torch ops and
+    the native kernels (pybind calls, which torch.profiler does not see) appear by name."""
+    if not enabled:
+        yield
+        return
+    import cProfile
+    import pstats
+
+    with cProfile.Profile() as prof:
+        yield
+    print(f"--- {title}")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
 def _median_step_ms(llm, count: int) -> float:
     times = []
     for _ in range(count):
@@ -141,9 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sampling", default="",
                    help="with --steps: the requests' SamplingParams as KEY=VALUE,... "
                    "(temperature=1,top_p=0.9; default greedy)")
+    p.add_argument("--profile", action="store_true",
+                   help="with --steps: the decode steps under cProfile, by own time")
     args = p.parse_args(argv)
-    if args.sampling and not args.steps:
-        p.error("--sampling applies to --steps only (the scenarios are greedy)")
+    if (args.sampling or args.profile) and not args.steps:
+        p.error("--sampling and --profile apply to --steps only")
+    if args.profile and args.variant:
+        p.error("--profile prints one run's ops: run it without --variant")
     try:
         sampling_fields(args.sampling)
     except ValueError as error:

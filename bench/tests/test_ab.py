@@ -1,4 +1,5 @@
-"""The A/B runner's parsing, order and summary, and the one command line's table of commands."""
+"""The A/B runner's parsing, order and summary, offline's options and the one command line's table
+of commands."""
 
 import importlib
 import subprocess
@@ -93,3 +94,18 @@ def test_sampling_fields_are_numbers_of_sampling_params_fields():
     for bad in ("temperature", "topp=0.9", "temperature=x"):
         with pytest.raises(ValueError):
             sampling_fields(bad)
+
+
+def test_a_profiled_block_prints_its_functions_by_own_time(capsys):
+    from bench.offline import _profiled
+
+    def busy_step():
+        return sum(i * i for i in range(200_000))
+
+    with _profiled(True, "c1 decode steps"):
+        busy_step()
+    with _profiled(False, "unprofiled"):
+        busy_step()
+    out = capsys.readouterr().out
+    assert "--- c1 decode steps" in out and "busy_step" in out and "tottime" in out
+    assert "unprofiled" not in out

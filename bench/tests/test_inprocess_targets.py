@@ -1,13 +1,11 @@
-"""bench/inprocess_targets.py and bench/step_profile.py without the model: the FLOP count,
-the bandwidth reading, the target lines and the exclusive-time timer."""
+"""bench/inprocess_targets.py without the model: the FLOP count, the bandwidth reading and the
+target lines."""
 
 import pytest
 import torch
 
 from bench import inprocess_targets as targets
-from bench import step_profile
 from bench.kernels.model_shapes import model_flops, params_per_token
-from bench.step_profile import PartTimer
 
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
            "num_key_value_heads": 3, "num_hidden_layers": 30, "vocab_size": 49152}
@@ -39,11 +37,3 @@ def test_target_lines_say_met_and_not_met():
     text = targets.format_targets({**result, "fma_peak_gflops": 230.0, "fma_peak_share": 250 / 230})
     assert "FMA peak of 2 threads at once 230.0 GFLOP/s: c64 at 109% of it" in text
 
-
-def test_part_timer_gives_exclusive_time(monkeypatch):
-    timer = PartTimer()
-    clock = iter([0.0, 1.0, 3.0, 10.0])  # outer start, inner start, inner end, outer end
-    monkeypatch.setattr(step_profile.time, "perf_counter", lambda: next(clock))
-    inner = timer.wrap("inner", lambda: None)
-    timer.wrap("outer", inner)()
-    assert timer.seconds == {"inner": 2.0, "outer": 8.0}

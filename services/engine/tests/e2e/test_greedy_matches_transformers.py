@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def _make_llm(support, **settings) -> LLM:
     """float32, the dtype transformers runs here (dtype auto is bfloat16 on a CPU with AMX or
-    AVX512-BF16; its agreement with fp32 is bench/weight_formats.py's figure, not parity)."""
+    AVX512-BF16; its agreement with fp32: test_weight_formats_engine.py, not parity)."""
     return LLM(support.model, dtype="float32", torch_threads=support.torch_threads, **settings)
 
 

@@ -19,9 +19,9 @@ NUM_TOKENS = 24
 MIN_AGREEMENT = {"q4_1": 0.9, "fp16": 0.9, "q8_0": 0.25, "q4_1_int8": 0.1}
 MIN_BF16_AGREEMENT = 0.3
 """The same for the model in bfloat16: 50% on these prompts when measured (43.8% over
-bench/weight_formats.py's 16 x 64)."""
+the former bench/weight_formats.py's 16 x 64)."""
 """Least share of tokens equal to fp32's before the first divergence. Measured with
-bench/weight_formats.py (16 prompts x 64 tokens): q4_1 and fp16 100%; q8_0 44%, since it
+the former bench/weight_formats.py (16 prompts x 64 tokens): q4_1 and fp16 100%; q8_0 44%, since it
 re-rounds the checkpoint's Q4_1 values to 8-bit blocks of another grid; q4_1_int8 22.5%,
 since it rounds every activation block to int8."""
 
@@ -66,7 +66,7 @@ def test_format_agrees_with_fp32(weight_format: str, fp32_outputs) -> None:
 
 def test_bf16_agrees_with_fp32(fp32_outputs) -> None:
     """bf16 weights, activations and KV pool: every layer's output rounded to 8 bits of
-    mantissa, so greedy output leaves fp32's after a few dozen tokens (bench/weight_formats.py,
+    mantissa, so greedy output leaves fp32's after a few dozen tokens (the former weight_formats,
     16 prompts x 64 tokens: 43.8% before the first divergence, perplexity 18.913 vs 18.907)."""
     outputs, active = _greedy("fp32", dtype="bfloat16")
     assert active.startswith("bf16,")

@@ -47,8 +47,9 @@ LM_HEAD_FORMAT = {"fp16": "fp16", "q8_0": "q8_0", "q4_1": "q8_0", "q4_1_int8": "
 token embedding)."""
 DECODE_MAX_ROWS = {"fp16": 8, "q8_0": 8, "q4_1": 8, "q8_0_int8": 32, "q4_1_int8": 32}
 """Steps of at most this many rows use the format's kernel; larger ones the fp32 CpuLinear
-(measured: bench/weight_formats.py --rows). The int8 formats' 8-row packing beats fp32 up to
-64 rows (1.2-1.5x at 16-64 on the sixth round's VM); 32 keeps longer prompts' prefill in fp32."""
+(measured: the former bench/weight_formats.py --rows, docs/performance.md). The int8 formats'
+8-row packing beats fp32 up to 64 rows (1.2-1.5x at 16-64 on the sixth round's VM); 32 keeps
+longer prompts' prefill in fp32."""
 INT8_FORMATS = ("q8_0_int8", "q4_1_int8")
 """The formats that round activations (to int8) already, so their larger steps may run in bf16."""
 INT8_PREFILL = switch("CONVEYOR_INT8_PREFILL")
