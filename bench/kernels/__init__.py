@@ -13,8 +13,6 @@ from bench.kernels.harness import machine_line
 
 
 def _parser() -> argparse.ArgumentParser:
-    # Imported here, not at the top: bench.kernels.harness alone must import without the
-    # engine (bench/peers/linear_vs_vllm.py runs in vLLM's environment).
     from bench.kernels import decode_attention, fma_peak, linear, prefill_attention, roofline
 
     parser = argparse.ArgumentParser(description=__doc__,

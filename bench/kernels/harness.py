@@ -1,6 +1,6 @@
 """What the kernel benchmarks share: the timing loop (callables taking turns), the median and
 spread of its rounds, a comparison against the first callable, the machine line, the Markdown
-table. It needs only torch: bench/peers/linear_vs_vllm.py uses it in vLLM's environment."""
+table."""
 
 from __future__ import annotations
 
