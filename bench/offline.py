@@ -13,8 +13,7 @@ each concurrency over 256-token contexts, and a prefill step of 2,048 tokens): t
 A/B signal for a change inside a step; greedy unless `--sampling` sets the requests'
 SamplingParams (`--sampling temperature=1,top_p=0.9`); `--profile` runs the timed decode steps
 under cProfile and prints where their time goes, function by function (torch ops and native
-kernels included). With `--variant` the run is an
-A/B (bench/ab.py).
+kernels included). With `--variant` the run is an A/B (bench/ab.py).
 """
 
 from __future__ import annotations
@@ -167,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if (args.sampling or args.profile) and not args.steps:
         p.error("--sampling and --profile apply to --steps only")
     if args.profile and args.variant:
-        p.error("--profile prints one run's ops: run it without --variant")
+        p.error("--profile prints one run's profile: run it without --variant")
     try:
         sampling_fields(args.sampling)
     except ValueError as error:
