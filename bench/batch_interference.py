@@ -1,13 +1,14 @@
 """Interactive TTFT while a batch runs: does batch work stay out of interactive traffic's way?
 
-    .venv/bin/python bench/batch_interference.py                 # ~2 min on 2 cores
-    .venv/bin/python bench/batch_interference.py --requests 40 --batch-lines 800
+    .venv/bin/python -m bench batch-interference                 # ~2 min on 2 cores
+    .venv/bin/python -m bench batch-interference --requests 40 --batch-lines 800
 
 Starts the pipeline (tokenizer, engine, detok, gateway) and one batch worker with its
 default lines in flight as processes (devkit/stack.py), then sends interactive streamed
 completions one at a time (concurrency 1): first with nothing else running, then while a
 batch runs. Prints both TTFT p50s, their ratio (the target is at most 1.5x) and the
-batch's own throughput during the second window, as Markdown for docs/benchmarks.md.
+batch's own throughput during the second window; `--out` writes them as a Markdown section
+(the suite's docs/img/batch_interference.md, which docs/benchmarks.md includes).
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-lines", type=int, default=400)
     parser.add_argument("--max-tokens", type=int, default=16, help="of every request and line")
     parser.add_argument("--log-dir", type=Path, default=None)
-    return parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=None, help="also write the section here")
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv  # the command line, for the section
+    return args
 
 
 def stack_spec(log_dir: Path, files_dir: Path) -> StackSpec:
@@ -124,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+TARGET_RATIO = 1.5
+"""Interactive TTFT p50 with a batch running, at most this many times its p50 alone."""
+
+
 def report(args: argparse.Namespace, alone: list[float], during: list[float], num_lines: int,
            seconds: float, status: str) -> None:
     p50_alone, p50_during = statistics.median(alone), statistics.median(during)
@@ -132,12 +140,23 @@ def report(args: argparse.Namespace, alone: list[float], during: list[float], nu
                       "ratio": ratio, "batch_lines_during": num_lines,
                       "batch_lines_per_s": num_lines / seconds,
                       "batch_status_at_end": status}, indent=2))
-    print(f"\n| interactive TTFT p50, no batch | with a batch running | ratio | batch lines/s "
-          f"meanwhile |\n|---|---|---|---|\n| {p50_alone * 1000:.0f} ms | "
-          f"{p50_during * 1000:.0f} ms | {ratio:.2f}x | {num_lines / seconds:.1f} |")
-    print(f"\n({args.requests} requests per window at concurrency 1, max_tokens "
-          f"{args.max_tokens}; batch of {args.batch_lines} lines; the batch was {status} when "
-          "the window ended.)")
+    command = " ".join(["HF_HUB_OFFLINE=1 .venv/bin/python -m bench batch-interference",
+                        *args.argv])
+    markdown = "\n".join([
+        "## Batch work beside interactive traffic", "",
+        f"`{command}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: the four "
+        f"services and one batch worker (its default lines in flight) on this machine's "
+        f"{os.cpu_count()} CPUs; {args.requests} interactive streamed completions a window, one "
+        f"at a time, max_tokens {args.max_tokens}; a batch of {args.batch_lines} lines, "
+        f"{status} when the window ended.", "",
+        "| interactive TTFT p50, no batch | with a batch running | ratio | target | batch "
+        "lines/s meanwhile |", "|---|---|---|---|---|",
+        f"| {p50_alone * 1000:.0f} ms | {p50_during * 1000:.0f} ms | {ratio:.2f}x | "
+        f"<= {TARGET_RATIO}x ({'met' if ratio <= TARGET_RATIO else 'not met'}) | "
+        f"{num_lines / seconds:.1f} |", ""])
+    print("\n" + markdown)
+    if args.out:
+        args.out.write_text(markdown)
     if status != "in_progress":
         print("warning: the batch ended before the window did; use more --batch-lines",
               file=sys.stderr)

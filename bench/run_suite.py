@@ -15,8 +15,8 @@ Parts, in order, one server at a time:
 - roofline, kv, chunked: the practical roofline; KV occupancy (paged vs contiguous) over
   the engine's scheduler; decode ITL while a long prompt arrives, chunked prefill on and off
   -> img/bench_results.json;
-- structured-outputs, speculative, lora: those benchmarks in fresh processes, each writing
-  its own section -> img/<name>.md.
+- structured-outputs, speculative, lora, batch-interference: those benchmarks in fresh
+  processes, each writing its own section -> img/<name>.md.
 A part that fails is recorded and the rest still run. The GPU section is `python -m bench gpu
 --out docs/img/gpu_check.md`, run on a GPU machine; the report includes what it wrote.
 """
@@ -50,6 +50,8 @@ SECTIONS = {
     "speculative": ("speculative", ["--rounds", "5", "--max-tokens", "128"],
                     ["--rounds", "1", "--max-tokens", "16"]),
     "lora": ("lora", ["--rounds", "3"], ["--rounds", "1", "--concurrency", "4"]),
+    "batch-interference": ("batch-interference", [],
+                           ["--requests", "3", "--batch-lines", "60", "--max-tokens", "8"]),
 }
 PARTS = ("peers", "inprocess-targets", *ENGINE_PARTS, *SECTIONS)
 

@@ -264,7 +264,8 @@ def _render_engine(results: dict, doc: Path, img_dir: Path) -> list[str]:
     return out
 
 
-STANDALONE_SECTIONS = ("structured_outputs.md", "speculative.md", "lora.md")
+STANDALONE_SECTIONS = ("structured_outputs.md", "speculative.md", "lora.md",
+                       "batch_interference.md")
 """Sections that benchmarks run on their own write into the report's img/ folder (`--out`);
 each is kept, as written, above "How it is measured"."""
 
