@@ -129,6 +129,11 @@ def test_a_three_turn_chain_reuses_the_prefix_cache(client):
     assert cached[1] >= 16 and cached[2] > cached[1], (cached, inputs)
     assert third.previous_response_id == second.id
     assert client.responses.retrieve(third.id).output_text == third.output_text
+    items = list(client.responses.input_items.list(third.id, order="asc"))
+    turns = [("message", "user"), ("message", "assistant")] * 2 + [("message", "user")]
+    assert [(i.type, i.role) for i in items] == turns
+    assert items[1].content[0].text == first.output_text
+    assert items[4].content[0].text == "And when do we harvest the basil?"
 
 
 @pytest.fixture(scope="module")

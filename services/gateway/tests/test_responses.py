@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from openai import AsyncOpenAI, NotFoundError
+from openai import AsyncOpenAI, BadRequestError, NotFoundError
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
@@ -78,6 +78,39 @@ async def test_stored_responses_chain_and_can_be_read_and_deleted(gateway):
     with pytest.raises(NotFoundError) as caught:
         await client.responses.create(model="fake-model", input="x", previous_response_id=first.id)
     assert caught.value.body["param"] == "previous_response_id"
+
+
+async def test_input_items_list_the_chain_before_the_answer_in_pages(gateway):
+    client = _client(gateway)
+    tools = [{"type": "function", "name": "weather",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    first = await client.responses.create(
+        model="fake-model", instructions="be brief", tools=tools, max_output_tokens=3,
+        input=[{"role": "user", "content": "weather?"},
+               {"type": "function_call", "call_id": "call_1", "name": "weather",
+                "arguments": '{"city": "Oslo"}'},
+               {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}])
+    second = await client.responses.create(model="fake-model", input="thanks",
+                                           max_output_tokens=3, previous_response_id=first.id)
+    items = [item async for item in client.responses.input_items.list(second.id, order="asc",
+                                                                      limit=2)]
+    assert [(i.type, getattr(i, "role", None)) for i in items] == [
+        ("message", "user"), ("function_call", None), ("function_call_output", None),
+        ("message", "assistant"), ("message", "user")]  # no instructions, no second answer
+    assert items[1].call_id == "call_1" and items[1].arguments == '{"city": "Oslo"}'
+    assert items[2].output == "sunny" and items[3].content[0].text == "Hel"
+    assert items[4].content[0].text == "thanks" and len({i.id for i in items}) == 5
+    newest = await client.responses.input_items.list(second.id, limit=2)
+    assert [i.id for i in newest.data] == [items[4].id, items[3].id] and newest.has_more
+    rest = await client.responses.input_items.list(second.id, after=items[3].id)
+    assert [i.id for i in rest.data] == [i.id for i in items[2::-1]] and not rest.has_more
+    for query, param in (({"include": ["message.output_text.logprobs"]}, "include"),
+                         ({"after": "msg_unknown"}, "after")):
+        with pytest.raises(BadRequestError) as caught:
+            await client.responses.input_items.list(second.id, **query)
+        assert caught.value.body["param"] == param
+    with pytest.raises(NotFoundError):
+        await client.responses.input_items.list("resp-unknown")
 
 
 async def test_store_false_keeps_nothing(gateway):

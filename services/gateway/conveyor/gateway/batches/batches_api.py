@@ -25,7 +25,8 @@ from conveyor.common.batch_record import (
 )
 from conveyor.common.batch_store import new_batch_id
 from conveyor.common.file_records import now_s
-from conveyor.gateway.batches.batch_services import BatchServices, list_page, serve
+from conveyor.gateway.api.pages import list_page
+from conveyor.gateway.batches.batch_services import BatchServices, serve
 from conveyor.gateway.batches.files_api import file_not_found
 from conveyor.gateway.errors import APIError, bad_request, unavailable
 

@@ -14,7 +14,8 @@ from starlette.responses import Response, StreamingResponse
 
 from conveyor.common.file_records import FileRecord, new_file_id, now_s
 from conveyor.common.file_store import FileTooLarge
-from conveyor.gateway.batches.batch_services import BatchServices, list_page, serve
+from conveyor.gateway.api.pages import list_page
+from conveyor.gateway.batches.batch_services import BatchServices, serve
 from conveyor.gateway.batches.multipart_upload import receive_upload
 from conveyor.gateway.errors import APIError, bad_request
 

@@ -1,9 +1,10 @@
 """POST /v1/responses (served on the generation path, as chat requests are),
-GET /v1/responses/{id} and DELETE /v1/responses/{id} (the caller's stored responses)."""
+GET /v1/responses/{id}, GET /v1/responses/{id}/input_items and DELETE /v1/responses/{id}
+(the caller's stored responses)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
@@ -11,6 +12,12 @@ from conveyor.gateway.errors import error_response
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.responses.conversation import chat_request
 from conveyor.gateway.responses.endpoint import RESPONSES
+from conveyor.gateway.responses.input_items import (
+    MAX_LIMIT,
+    input_items,
+    items_page,
+    refuse_unserved_query,
+)
 from conveyor.gateway.responses.request_body import ResponsesRequest
 from conveyor.gateway.routes import GenerationResponse, pipeline_of, serve_simple
 from conveyor.gateway.validation_errors import validation_error
@@ -33,6 +40,20 @@ async def retrieve_response(response_id: str, request: Request) -> Response:
     async def work(pipeline: Pipeline) -> dict:
         tenant = await pipeline.admitter.authenticate(request.headers)
         return (await pipeline.responses.get(tenant.tenant_id, response_id)).response
+
+    return await serve_simple(request, "responses", work)
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(response_id: str, request: Request, after: str | None = None,
+                           limit: int = Query(20, ge=1, le=MAX_LIMIT),
+                           order: str = Query("desc", pattern="^(asc|desc)$")) -> Response:
+    """A page of the items a stored response of the caller's tenant was generated from."""
+    async def work(pipeline: Pipeline) -> dict:
+        refuse_unserved_query(request.query_params)
+        tenant = await pipeline.admitter.authenticate(request.headers)
+        stored = await pipeline.responses.get(tenant.tenant_id, response_id)
+        return items_page(input_items(stored), after, limit, order)
 
     return await serve_simple(request, "responses", work)
 
