@@ -247,6 +247,23 @@ def test_chat_prompt_logprobs_are_a_field_of_the_response(client):
     assert all(len(entry) == 1 for entry in entries[1:])  # the prompt's token alone
 
 
+def test_return_token_ids_are_the_prompts_and_the_outputs_tokens(stack, client):
+    """vLLM's return_token_ids: the prompt's ids are the tokenizer's, the output's decode
+    to the choice's text, and a stream's ids add up to the same tokens."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+            "extra_body": {"return_token_ids": True}}
+    choice = client.completions.create(**body).choices[0].model_extra
+    tokens = httpx.post(f"{stack.base_url}/tokenize", json={"prompt": PROMPT}).json()["tokens"]
+    assert choice["prompt_token_ids"] == tokens and len(choice["token_ids"]) == 8
+    text = httpx.post(f"{stack.base_url}/detokenize",
+                      json={"tokens": choice["token_ids"]}).json()["prompt"]
+    assert text == client.completions.create(**body).choices[0].text
+    chunks = list(client.completions.create(**body, stream=True))
+    assert chunks[0].choices[0].model_extra["prompt_token_ids"] == tokens
+    streamed = [t for chunk in chunks for c in chunk.choices for t in c.model_extra["token_ids"]]
+    assert streamed == choice["token_ids"]
+
+
 def test_continuous_usage_stats_count_every_chunk(client):
     chunks = list(client.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0, stream=True,

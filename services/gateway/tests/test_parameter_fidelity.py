@@ -216,3 +216,44 @@ async def test_models_retrieve(gateway):
 def _chunks(text: str) -> list[dict]:
     return [json.loads(line[6:]) for line in text.splitlines()
             if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def _ids(text: str) -> list[int]:
+    return [ord(c) for c in text]  # the fake tokenizer's ids
+
+
+async def test_return_token_ids_in_vllms_chat_shape(gateway):
+    body = {**CHAT, "n": 2, "return_token_ids": True}
+    response = (await _post(gateway, "/v1/chat/completions", body)).json()
+    assert response["prompt_token_ids"] == _ids("user:hi\nassistant:")
+    assert [c["token_ids"] for c in response["choices"]] == [_ids("Hel")] * 2
+    chunks = _chunks((await _post(gateway, "/v1/chat/completions",
+                                  {**body, "stream": True, "stop": ["zzz"]})).text)
+    assert chunks[0]["prompt_token_ids"] == response["prompt_token_ids"]
+    assert all("prompt_token_ids" not in chunk for chunk in chunks[1:])
+    streamed = {0: [], 1: []}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            streamed[choice["index"]] += choice.get("token_ids", [])
+    assert streamed == {0: _ids("Hel"), 1: _ids("Hel")}
+    plain = (await _post(gateway, "/v1/chat/completions", CHAT)).json()
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+
+
+async def test_return_token_ids_in_vllms_completion_shape(gateway):
+    body = {**COMPLETION, "prompt": ["abc", "de"], "return_token_ids": True}
+    choices = (await _post(gateway, "/v1/completions", body)).json()["choices"]
+    assert [(c["prompt_token_ids"], c["token_ids"]) for c in choices] == [
+        (_ids("abc"), _ids("Hel")), (_ids("de"), _ids("Hel"))]
+    # a stop string holds text back: a delta whose tokens made no text yet still shows them
+    chunks = _chunks((await _post(gateway, "/v1/completions",
+                                  {**body, "stream": True, "stop": ["zzz"]})).text)
+    assert any(c["choices"][0]["text"] == "" and c["choices"][0]["token_ids"] for c in chunks)
+    prompts, streamed = {}, {0: [], 1: []}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            assert choice["index"] not in prompts or "prompt_token_ids" not in choice
+            prompts.setdefault(choice["index"], choice.get("prompt_token_ids"))
+            streamed[choice["index"]] += choice["token_ids"]
+    assert prompts == {0: _ids("abc"), 1: _ids("de")}  # in each choice's first chunk
+    assert streamed == {0: _ids("Hel"), 1: _ids("Hel")}

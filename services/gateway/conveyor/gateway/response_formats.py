@@ -61,6 +61,11 @@ class OutputOptions:
     """vLLM's prompt_logprobs shown, with this many alternatives (None: not shown)."""
     echo: bool = False
     """Completions: the prompt before each choice's text."""
+    token_ids: bool = False
+    """vLLM's return_token_ids: the prompt's token ids (chat: the response's, in the first
+    chunk; completions: each choice's, in its first chunk) and each choice's output token
+    ids (streamed: each chunk's own; a delta whose tokens made no text yet still gets a
+    chunk, so a stream's token_ids add up to the choice's)."""
 
 
 @dataclass(slots=True)
@@ -198,6 +203,10 @@ class ResponseFormat:
         return prompt_logprobs_entries(self._prompt_of(index).token_ids, positions, texts,
                                        self.options.num_prompt_logprobs or 0)
 
+    def _shows_ids(self, delta: GenerationDelta) -> bool:
+        """Whether a delta with no text still makes a chunk: its token ids are asked for."""
+        return self.options.token_ids and bool(delta.token_ids)
+
     def _obfuscated(self, chunk: dict, text: str) -> dict:
         if self.options.obfuscate and text:
             chunk["obfuscation"] = obfuscation(text)
@@ -239,6 +248,8 @@ class ChatFormat(ResponseFormat):
     def opening_chunks(self, num_choices: int) -> list[dict]:
         chunks = [self.chunk_of([_chat_chunk_choice(i, {"role": "assistant", "content": ""})])
                   for i in range(num_choices)]
+        if self.options.token_ids and chunks:
+            chunks[0]["prompt_token_ids"] = self._prompt_of(0).token_ids
         if self.options.continuous_usage:
             for index, chunk in enumerate(chunks):
                 chunk["usage"] = self._choice_usage(index)
@@ -249,10 +260,12 @@ class ChatFormat(ResponseFormat):
         deltas += [{"tool_calls": [_tool_call_entry(piece)]} for piece in delta.tool_calls]
         if delta.tool_calls:
             self._called.add(index)
-        if not deltas and delta.finish_reason is None:
+        if not deltas and delta.finish_reason is None and not self._shows_ids(delta):
             return []
         choices = [{**_chat_chunk_choice(index, d), "stop_reason": None} for d in deltas or [{}]]
         choices[0]["logprobs"] = self._logprobs(delta.token_ids, delta.logprobs, texts)
+        if self.options.token_ids:
+            choices[0]["token_ids"] = delta.token_ids
         if delta.finish_reason is not None:
             choices[-1]["finish_reason"] = _finish_reason(delta.finish_reason,
                                                           index in self._called)
@@ -267,6 +280,8 @@ class ChatFormat(ResponseFormat):
         if self.options.num_prompt_logprobs is not None:
             positions = prompt_logprobs_by_prompt(results, self.options.n).get(0, [])
             body["prompt_logprobs"] = self._prompt_logprobs(0, positions, texts)
+        if self.options.token_ids:
+            body["prompt_token_ids"] = self._prompt_of(0).token_ids
         return body
 
     def choice(self, index: int, result: ChoiceResult, texts: dict[int, str]) -> dict:
@@ -274,13 +289,16 @@ class ChatFormat(ResponseFormat):
         if result.tool_calls:
             message = {"role": "assistant", "content": result.text or None,
                        "tool_calls": result.tool_calls}
-        return {
+        choice = {
             "index": index,
             "message": message,
             "logprobs": self._logprobs(result.token_ids, result.logprobs, texts),
             "finish_reason": _finish_reason(result.finish_reason, bool(result.tool_calls)),
             "stop_reason": result.stop_reason,
         }
+        if self.options.token_ids:
+            choice["token_ids"] = result.token_ids
+        return choice
 
     def _logprobs(self, token_ids, logprobs, texts) -> dict | None:
         if not self.wants_logprobs:
@@ -305,22 +323,31 @@ class CompletionFormat(ResponseFormat):
                  prompts: list[PromptTokens] | None = None):
         super().__init__(response_id, model, num_top_logprobs, options, prompts)
         self._echoed: set[int] = set()
+        self._shown_prompt: set[int] = set()
+        """Choices whose prompt_token_ids were streamed (return_token_ids)."""
 
     def chunks(self, index: int, delta: GenerationDelta, texts: dict[int, str]) -> list[dict]:
         echoes = self._echoes_next(index)
-        if not delta.text and delta.finish_reason is None and not echoes:
+        if not delta.text and delta.finish_reason is None and not echoes \
+                and not self._shows_ids(delta):
             return []
         prefix, prefix_logprobs = self._echo(index, delta.prompt_logprobs, texts) if echoes \
             else ("", None)
         text = prefix + delta.text
         logprobs = self._logprobs(index, delta.token_ids, delta.logprobs, texts, delta.text)
-        return [self._obfuscated(self.chunk_of([{
+        choice = {
             "index": index,
             "text": text,
             "logprobs": _joined_logprobs(prefix_logprobs, logprobs),
             "finish_reason": delta.finish_reason,
             "stop_reason": delta.stop_reason,
-        }]), text)]
+        }
+        if self.options.token_ids:
+            if index not in self._shown_prompt:
+                self._shown_prompt.add(index)
+                choice["prompt_token_ids"] = self._prompt_of(index).token_ids
+            choice["token_ids"] = delta.token_ids
+        return [self._obfuscated(self.chunk_of([choice]), text)]
 
     def response(self, results: list[ChoiceResult], texts: dict[int, str],
                  usage: UsageTotals) -> dict:
@@ -343,6 +370,9 @@ class CompletionFormat(ResponseFormat):
         if self.options.num_prompt_logprobs is not None:
             choice["prompt_logprobs"] = self._prompt_logprobs(index, result.prompt_logprobs,
                                                               texts)
+        if self.options.token_ids:
+            choice["prompt_token_ids"] = self._prompt_of(index).token_ids
+            choice["token_ids"] = result.token_ids
         return choice
 
     def _echoes_next(self, index: int) -> bool:

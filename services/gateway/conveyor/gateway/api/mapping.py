@@ -77,6 +77,7 @@ def output_options(body: GenerationBody) -> OutputOptions:
         obfuscate=stream_options.include_obfuscation,
         served_tier=body.served_tier,
         num_prompt_logprobs=body.prompt_logprobs,
+        token_ids=body.return_token_ids,
         echo=isinstance(body, CompletionRequest) and body.echo)
 
 

@@ -70,6 +70,8 @@ class _SamplingFields(_Knobs):
     stream_options: StreamOptions | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     """vLLM's: the logprob of each prompt token after the first, with this many alternatives."""
+    return_token_ids: bool = False
+    """vLLM's: the prompt's token ids and each choice's output token ids in the response."""
     response_format: ResponseFormatField | None = None
     structured_outputs: StructuredOutputsParams | None = None
     guided_json: dict[str, Any] | str | None = None
