@@ -264,6 +264,22 @@ def test_return_token_ids_are_the_prompts_and_the_outputs_tokens(stack, client):
     assert streamed == choice["token_ids"]
 
 
+def test_cache_salt_keeps_cached_prefixes_apart(client):
+    """vLLM's cache_salt: a prompt cached under one salt is a hit again under that salt
+    only."""
+    prompt = ("A lighthouse keeper counts the ships that pass each night and writes their "
+              "names in a book; tonight the fog is thick and the count is low. " * 2)
+
+    def cached(salt: str) -> int:
+        response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1,
+                                             extra_body={"cache_salt": salt})
+        return response.usage.prompt_tokens_details.cached_tokens or 0
+
+    first = cached("salt-a")
+    assert cached("salt-a") >= first + 16  # a block or more, cached under its salt
+    assert cached("salt-b") == 0
+
+
 def test_continuous_usage_stats_count_every_chunk(client):
     chunks = list(client.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0, stream=True,

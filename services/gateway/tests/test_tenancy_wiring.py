@@ -77,6 +77,22 @@ async def test_priority_is_the_tiers_plus_the_requests_offset_and_salt_is_the_te
     assert error_of(refused, 400)["code"] == "invalid_priority"
 
 
+async def test_a_requests_cache_salt_joins_the_tenants(keyed_gateway, create_key):
+    """vLLM's cache_salt narrows the tenant's sharing; it never widens it: no request salt
+    makes another tenant's salt."""
+    headers = await create_key("acme", "standard")
+    async with keyed_gateway.client() as client:
+        for salt in ("s1", "tenant:other"):
+            served = await client.post("/v1/chat/completions",
+                                       json={**CHAT, "cache_salt": salt}, headers=headers)
+            assert served.status_code == 200
+        empty = await client.post("/v1/chat/completions", json={**CHAT, "cache_salt": ""},
+                                  headers=headers)
+    assert [r.cache_salt for r in keyed_gateway.fakes.engine.requests] == [
+        '["tenant:acme", "s1"]', '["tenant:acme", "tenant:other"]']
+    assert error_of(empty, 400)["param"] == "cache_salt"
+
+
 async def test_the_slot_comes_back_after_a_client_goes_away_mid_stream(
         keyed_gateway, create_key, wait_until):
     headers = await create_key("solo-tenant", "solo")

@@ -129,6 +129,10 @@ class GenerationRequest:
         self._plan = OutputPlan()
         self._stack = AsyncExitStack()
 
+    @property
+    def cache_salt(self) -> str:
+        return self.tenant.cache_salt_with(self.body.cache_salt)
+
     async def __aenter__(self) -> GenerationRequest:
         self._stack.callback(self._finish_record)
         return self
@@ -216,7 +220,7 @@ class GenerationRequest:
 
     async def _pick(self, tried: list[str]) -> EngineEntry:
         engine = await self._step(self.pipeline.router.pick(
-            self.session_key, self.prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
+            self.session_key, self.prompts[0].token_ids, cache_salt=self.cache_salt,
             model=self.model.backend_name, lora=self.model.lora_name, exclude=tried,
             pending=self._bindings))
         self.response_headers[ENGINE_HEADER] = engine.engine_id
@@ -238,7 +242,7 @@ class GenerationRequest:
         for prompt_index, (prompt, max_tokens) in enumerate(budgets):
             job_id = f"{self.request_id}-{'p' if body.n > 1 else ''}{prompt_index}"
             job = GenerateJob(job_id, prompt.token_ids, sampling_options(body, max_tokens),
-                              self._priority, self.tenant.cache_salt, n=body.n,
+                              self._priority, self.cache_salt, n=body.n,
                               constraint=self._plan.constraint, lora=self.model.lora)
             choice_ids = [f"{self.request_id}-{prompt_index * body.n + sample}"
                           for sample in range(body.n)]
@@ -268,7 +272,7 @@ class GenerationRequest:
             self.pipeline.directory.mark_unreachable(failed_engine_id)
         try:
             engine = await self.pipeline.router.pick(
-                self.session_key, self.prompts[0].token_ids, cache_salt=self.tenant.cache_salt,
+                self.session_key, self.prompts[0].token_ids, cache_salt=self.cache_salt,
                 model=self.model.backend_name, lora=self.model.lora_name,
                 exclude=[failed_engine_id], pending=self._bindings)
         except (NoEngineAvailable, AdaptersNotServed, RedisError) as error:

@@ -72,6 +72,9 @@ class _SamplingFields(_Knobs):
     """vLLM's: the logprob of each prompt token after the first, with this many alternatives."""
     return_token_ids: bool = False
     """vLLM's: the prompt's token ids and each choice's output token ids in the response."""
+    cache_salt: str | None = Field(None, min_length=1)
+    """vLLM's: mixed into the prefix cache's keys (with the tenant's own salt), so only
+    requests with the same salt share cached blocks."""
     response_format: ResponseFormatField | None = None
     structured_outputs: StructuredOutputsParams | None = None
     guided_json: dict[str, Any] | str | None = None

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import secrets
 import time
@@ -87,6 +88,12 @@ class Tenant:
         if self.tier.cache_sharing is CacheSharing.GLOBAL:
             return ""
         return f"tenant:{self.tenant_id}"
+
+    def cache_salt_with(self, request_salt: str | None) -> str:
+        """The salt of a request that sent its own (vLLM's cache_salt): the tenant's and
+        the request's as a JSON pair, which no tenant's salt alone can equal."""
+        return self.cache_salt if request_salt is None else json.dumps([self.cache_salt,
+                                                                         request_salt])
 
 
 def key_digest(key: str) -> str:
