@@ -264,6 +264,21 @@ def test_return_token_ids_are_the_prompts_and_the_outputs_tokens(stack, client):
     assert streamed == choice["token_ids"]
 
 
+def test_allowed_token_ids_are_all_a_choice_samples(client):
+    allowed = [client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1,
+                                         temperature=0, extra_body={"return_token_ids": True})
+               .choices[0].model_extra["token_ids"][0] + 1, 11, 12, 13]  # not the argmax
+    for temperature in (0, 1):
+        choice = client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=6, temperature=temperature,
+            extra_body={"allowed_token_ids": allowed, "return_token_ids": True}).choices[0]
+        assert set(choice.model_extra["token_ids"]) <= set(allowed), temperature
+    with pytest.raises(BadRequestError, match="allowed_token_ids cannot be combined"):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2,
+                                  extra_body={"allowed_token_ids": allowed,
+                                              "guided_choice": ["yes", "no"]})
+
+
 def test_cache_salt_keeps_cached_prefixes_apart(client):
     """vLLM's cache_salt: a prompt cached under one salt is a hit again under that salt
     only."""

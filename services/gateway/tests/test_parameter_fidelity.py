@@ -257,3 +257,13 @@ async def test_return_token_ids_in_vllms_completion_shape(gateway):
             streamed[choice["index"]] += choice["token_ids"]
     assert prompts == {0: _ids("abc"), 1: _ids("de")}  # in each choice's first chunk
     assert streamed == {0: _ids("Hel"), 1: _ids("Hel")}
+
+
+async def test_allowed_token_ids_go_to_the_engine_and_an_empty_list_is_refused(gateway):
+    served = await _post(gateway, "/v1/completions", {**COMPLETION, "allowed_token_ids": [72, 9]})
+    assert served.status_code == 200, served.text
+    [request] = gateway.fakes.engine.requests
+    assert list(request.sampling.allowed_token_ids) == [72, 9]
+    error = _refusal(await _post(gateway, "/v1/completions",
+                                 {**COMPLETION, "allowed_token_ids": []}))
+    assert error["param"] == "allowed_token_ids"

@@ -66,7 +66,25 @@ def _check_sampling(request: EngineRequest, info: EngineInfo) -> None:
     params = request.sampling_params
     if params.n > MAX_NUM_SAMPLES:
         raise InvalidRequestError(f"n must be at most {MAX_NUM_SAMPLES}, got {params.n}")
-    bad = next((t for t in params.stop_token_ids if not 0 <= t < info.vocab_size), None)
-    if bad is not None:
-        raise InvalidRequestError(f"stop_token_ids token id {bad} is out of range for the "
-                                  f"vocabulary of {info.vocab_size}")
+    for name in ("stop_token_ids", "allowed_token_ids"):
+        bad = next((t for t in getattr(params, name) if not 0 <= t < info.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(f"{name} token id {bad} is out of range for the "
+                                      f"vocabulary of {info.vocab_size}")
+    _check_allowed_tokens(params, info)
+
+
+def _check_allowed_tokens(params, info: EngineInfo) -> None:
+    """allowed_token_ids that leave a step nothing to sample: under a structured output
+    (whose grammar may allow none of them at some step), or ending the request before
+    min_tokens (every one of them a stop id or EOS)."""
+    if not params.allowed_token_ids:
+        return
+    if params.structured_outputs is not None:
+        raise InvalidRequestError("allowed_token_ids cannot be combined with a structured "
+                                  "output (response_format, structured_outputs, guided_* or "
+                                  "a tool call that must be made)")
+    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(info.eos_token_ids))
+    if params.min_tokens and set(params.allowed_token_ids) <= stops:
+        raise InvalidRequestError("allowed_token_ids holds only stop and EOS tokens, which "
+                                  f"min_tokens {params.min_tokens} forbids")

@@ -32,6 +32,8 @@ class SamplingParams(SamplingKnobs):
     max_tokens: int = 16
     min_tokens: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
+    allowed_token_ids: list[int] = field(default_factory=list)
+    """vLLM's: sample only among these (empty: any token)."""
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0

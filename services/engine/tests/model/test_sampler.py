@@ -136,6 +136,17 @@ def test_logit_bias_added_and_steers_greedy():
     assert sampler().sample(logits, [request(params)])[0][0].token_id == 5
 
 
+def test_allowed_token_ids_keep_a_rows_draws_among_them_and_leave_others_alone():
+    allowed = SamplingParams(temperature=0.0, allowed_token_ids=[3, 5], logprobs=True)
+    [[greedy], [other]] = sampler().sample(LOGITS.repeat(2, 1),
+                                           [request(allowed), request(SamplingParams(
+                                               temperature=0.0), rid="o")])
+    assert (greedy.token_id, other.token_id) == (3, 0)  # 3 is the likelier of 3 and 5
+    assert greedy.logprob == pytest.approx(LOGITS.log_softmax(-1)[0, 3].item(), abs=1e-6)
+    seen = counts(SamplingParams(temperature=2.0, allowed_token_ids=[1, 6]), LOGITS)
+    assert seen[1] > 0 and seen[6] > 0 and seen.sum() == seen[1] + seen[6]
+
+
 def test_min_tokens_masks_eos_and_stop_ids_until_reached():
     logits = torch.zeros(1, VOCAB)
     logits[0, EOS] = 10.0

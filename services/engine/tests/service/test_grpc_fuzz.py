@@ -31,6 +31,7 @@ _SAMPLING = st.fixed_dictionaries({}, optional={
     "logit_bias": st.dictionaries(UINT32, FLOATS, max_size=3),
     "max_tokens": st.one_of(st.integers(0, 8), st.sampled_from([70, 2**32 - 1])),
     "stop_token_ids": st.lists(UINT32, max_size=3), "ignore_eos": st.booleans(),
+    "allowed_token_ids": st.lists(st.one_of(st.integers(0, 99), UINT32), max_size=3),
     "logprobs": st.booleans(), "top_logprobs": st.one_of(st.integers(0, 21), st.just(2**32 - 1)),
     "min_tokens": st.one_of(st.integers(0, 9), st.just(2**32 - 1)),
 }).map(lambda fields: engine_pb2.SamplingParams(**fields))
@@ -63,6 +64,9 @@ async def test_malformed_generate_requests_finish_or_are_invalid_argument(stub, 
     ({"temperature": float("inf")}, "temperature must be a finite number"),
     ({"repetition_penalty": float("inf")}, "repetition_penalty must be a finite number"),
     ({"stop_token_ids": [2**32 - 1]}, "stop_token_ids token id 4294967295 is out of range"),
+    ({"allowed_token_ids": [2**32 - 1]}, "allowed_token_ids token id 4294967295 is out of "),
+    ({"allowed_token_ids": [5], "stop_token_ids": [5], "min_tokens": 1},
+     "allowed_token_ids holds only stop and EOS tokens"),
 ])
 async def test_non_finite_floats_and_foreign_stop_ids_are_invalid_argument(stub, sampling,
                                                                            message):

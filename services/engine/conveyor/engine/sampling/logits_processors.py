@@ -34,6 +34,14 @@ def apply_token_mask(logits: torch.Tensor, mask: TokenMask) -> None:
     logits[mask.rows, mask.tokens] = float("-inf")
 
 
+def keep_only(logits: torch.Tensor, allowed: TokenMask) -> None:
+    """-inf at every token of the mask's rows but their (row, token) pairs
+    (allowed_token_ids)."""
+    kept = logits[allowed.rows, allowed.tokens]
+    logits[allowed.rows.unique()] = float("-inf")
+    logits[allowed.rows, allowed.tokens] = kept
+
+
 def apply_logit_bias(logits: torch.Tensor, bias: TokenMask) -> None:
     logits.index_put_((bias.rows, bias.tokens), bias.values, accumulate=True)
 

@@ -20,7 +20,7 @@ class Sampler:
     Order (vLLM's): a constrained row's grammar mask comes first; then logprobs are
     taken (what logprobs report: the model's distribution, renormalised over the tokens
     the grammar allows on a constrained row, so a masked alternative has -inf); then
-    min_tokens masking, logit_bias and penalties; greedy rows take the argmax
+    allowed_token_ids, min_tokens masking, logit_bias and penalties; greedy rows take the argmax
     here; the rest are divided by temperature, filtered by min_p, top_k, top_p
     and drawn by inverse transform sampling (inverse_transform.py: one uniform
     number a row, where an exponential race needs one a vocabulary entry: at 64 rows
@@ -70,6 +70,8 @@ class Sampler:
         return spec_rows.accepted(per_row, requests)
 
     def _apply_processors(self, logits: torch.Tensor, batch: SamplingBatch) -> None:
+        if batch.allowed_tokens is not None:
+            lp.keep_only(logits, batch.allowed_tokens)
         if batch.min_tokens_mask is not None:
             lp.apply_token_mask(logits, batch.min_tokens_mask)
         if batch.logit_bias is not None:

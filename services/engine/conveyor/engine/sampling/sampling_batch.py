@@ -61,6 +61,8 @@ class SamplingBatch:
     penalties: PenaltyInputs | None
     logit_bias: TokenMask | None
     min_tokens_mask: TokenMask | None
+    allowed_tokens: TokenMask | None
+    """(row, token) for each token a row with allowed_token_ids may take."""
     grammar_mask: GrammarMask | None
     seeds: list[tuple[int, int]]
     """(row, generator seed) for rows with a per-request seed."""
@@ -77,9 +79,9 @@ class SamplingBatch:
 
     @property
     def has_processors(self) -> bool:
-        """Whether any row has min_tokens masking, logit_bias or penalties."""
-        return (self.min_tokens_mask is not None or self.logit_bias is not None
-                or self.penalties is not None)
+        """Whether any row has min_tokens masking, allowed tokens, logit_bias or penalties."""
+        return (self.min_tokens_mask is not None or self.allowed_tokens is not None
+                or self.logit_bias is not None or self.penalties is not None)
 
     @classmethod
     def from_requests(cls, requests: Sequence[ScheduledRequest], eos_token_ids: Sequence[int],
@@ -98,6 +100,7 @@ class SamplingBatch:
             penalties=_penalty_inputs(requests, vocab_size, device),
             logit_bias=_logit_bias(params, device),
             min_tokens_mask=_min_tokens_mask(requests, eos_token_ids, device),
+            allowed_tokens=_allowed_tokens(params, device),
             grammar_mask=_grammar_mask(requests, vocab_size, device),
             seeds=[(row, seed_for_position(r.sampling_params.seed, len(r.output_token_ids)))
                    for row, r in enumerate(requests) if r.sampling_params.seed is not None],
@@ -163,6 +166,14 @@ def _logit_bias(params, device: torch.device) -> TokenMask | None:
     rows, tokens, values = zip(*entries, strict=True)
     return TokenMask(_on_device(rows, device), _on_device(tokens, device),
                      _on_device(values, device, torch.float32))
+
+
+def _allowed_tokens(params, device: torch.device) -> TokenMask | None:
+    pairs = [(row, token) for row, p in enumerate(params) for token in p.allowed_token_ids]
+    if not pairs:
+        return None
+    rows, tokens = zip(*pairs, strict=True)
+    return TokenMask(_on_device(rows, device), _on_device(tokens, device))
 
 
 def _min_tokens_mask(requests: Sequence[ScheduledRequest], eos_token_ids: Sequence[int],

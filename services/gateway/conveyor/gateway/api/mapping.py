@@ -60,6 +60,7 @@ def sampling_options(body: GenerationBody, max_tokens: int) -> SamplingOptions:
         knobs={name: value for name, value in knobs.items() if value is not None},
         logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
         stop_token_ids=list(body.stop_token_ids or []),
+        allowed_token_ids=list(body.allowed_token_ids or []),
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
         top_logprobs=top_logprobs,

@@ -58,6 +58,8 @@ class _SamplingFields(_Knobs):
     n: int = Field(1, ge=1, le=INT32_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
+    """vLLM's: sample only among these token ids."""
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     ignore_eos: bool = False

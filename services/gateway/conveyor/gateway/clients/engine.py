@@ -30,6 +30,8 @@ class SamplingOptions:
     knobs: dict[str, float | int] = field(default_factory=dict)
     logit_bias: dict[int, float] = field(default_factory=dict)
     stop_token_ids: list[int] = field(default_factory=list)
+    allowed_token_ids: list[int] = field(default_factory=list)
+    """Sample only among these (empty: any token)."""
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
@@ -266,6 +268,7 @@ def sampling_params(options: SamplingOptions) -> engine_pb2.SamplingParams:
         max_tokens=options.max_tokens,
         logit_bias=options.logit_bias,
         stop_token_ids=options.stop_token_ids,
+        allowed_token_ids=options.allowed_token_ids,
         ignore_eos=options.ignore_eos,
         logprobs=options.logprobs,
         top_logprobs=options.top_logprobs,
