@@ -264,6 +264,14 @@ def test_return_token_ids_are_the_prompts_and_the_outputs_tokens(stack, client):
     assert streamed == choice["token_ids"]
 
 
+def test_return_tokens_as_token_ids_names_the_sampled_ids(client):
+    choice = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=1,
+        extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True}).choices[0]
+    ids = choice.model_extra["token_ids"]
+    assert choice.logprobs.tokens == [f"token_id:{i}" for i in ids]
+
+
 def test_allowed_token_ids_are_all_a_choice_samples(client):
     allowed = [client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1,
                                          temperature=0, extra_body={"return_token_ids": True})

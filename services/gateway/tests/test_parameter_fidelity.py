@@ -267,3 +267,15 @@ async def test_allowed_token_ids_go_to_the_engine_and_an_empty_list_is_refused(g
     error = _refusal(await _post(gateway, "/v1/completions",
                                  {**COMPLETION, "allowed_token_ids": []}))
     assert error["param"] == "allowed_token_ids"
+
+
+async def test_return_tokens_as_token_ids_names_every_logprob_token_by_id(gateway):
+    body = {**CHAT, "logprobs": True, "top_logprobs": 1, "return_tokens_as_token_ids": True}
+    [choice] = (await _post(gateway, "/v1/chat/completions", body)).json()["choices"]
+    first = choice["logprobs"]["content"][0]
+    assert first["token"] == "token_id:72" and first["bytes"] == list(b"token_id:72")
+    assert all(t["token"].startswith("token_id:") for t in first["top_logprobs"])
+    chunks = _chunks((await _post(gateway, "/v1/completions", {
+        **COMPLETION, "logprobs": 1, "stream": True, "return_tokens_as_token_ids": True})).text)
+    tokens = [t for c in chunks for t in (c["choices"][0]["logprobs"] or {}).get("tokens", [])]
+    assert tokens == ["token_id:72", "token_id:101", "token_id:108"]

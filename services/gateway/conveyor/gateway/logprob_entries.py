@@ -7,6 +7,14 @@ from __future__ import annotations
 from conveyor.gateway.clients.engine import PositionLogprobs
 
 
+class TokenIdTexts(dict):
+    """The texts of vLLM's return_tokens_as_token_ids: every token shown as "token_id:{id}",
+    so a token whose text is not valid UTF-8 on its own is still told apart."""
+
+    def __missing__(self, token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+
 def chat_logprobs(
     token_ids: list[int], logprobs: list[PositionLogprobs], texts: dict[int, str],
     num_top: int,

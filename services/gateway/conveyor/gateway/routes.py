@@ -52,6 +52,7 @@ from conveyor.gateway.errors import (
     to_api_error,
 )
 from conveyor.gateway.generation_request import GenerationRequest
+from conveyor.gateway.logprob_entries import TokenIdTexts
 from conveyor.gateway.models import ServedModel
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.response_formats import ChoiceResult, ResponseFormat
@@ -195,7 +196,7 @@ class _Writer:
         item = first
         while item is not None:
             index, delta = item
-            for chunk in fmt.delta_chunks(index, delta, delta.token_texts):
+            for chunk in fmt.delta_chunks(index, delta, self._texts(delta.token_texts)):
                 await self._body(fmt.encode(chunk))
             item = await request.next_delta()
         for chunk in fmt.closing_chunks(request.usage):
@@ -212,7 +213,11 @@ class _Writer:
             results[item[0]].add(item[1])
             texts.update(item[1].token_texts)
             item = await request.next_delta()
-        await self._json(200, fmt.response(results, texts, request.usage))
+        await self._json(200, fmt.response(results, self._texts(texts), request.usage))
+
+    def _texts(self, texts: dict[int, str]) -> dict[int, str]:
+        """The token texts logprobs show: detok's, or the token ids'."""
+        return TokenIdTexts() if self._request.body.return_tokens_as_token_ids else texts
 
     async def _json(self, status: int, payload: dict, headers: dict[str, str] | None = None):
         body = json.dumps(payload, separators=(",", ":")).encode()

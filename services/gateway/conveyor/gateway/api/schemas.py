@@ -72,6 +72,8 @@ class _SamplingFields(_Knobs):
     stream_options: StreamOptions | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     """vLLM's: the logprob of each prompt token after the first, with this many alternatives."""
+    return_tokens_as_token_ids: bool = False
+    """vLLM's: every token logprobs show is "token_id:{id}" instead of its text."""
     return_token_ids: bool = False
     """vLLM's: the prompt's token ids and each choice's output token ids in the response."""
     cache_salt: str | None = Field(None, min_length=1)
