@@ -287,6 +287,19 @@ def test_allowed_token_ids_are_all_a_choice_samples(client):
                                               "guided_choice": ["yes", "no"]})
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(stack, client):
+    prompt = "Rivers carry water from the mountains to the sea, past towns and fields."
+    tokens = httpx.post(f"{stack.base_url}/tokenize", json={"prompt": prompt}).json()["tokens"]
+    kept = httpx.post(f"{stack.base_url}/detokenize", json={"tokens": tokens[-5:]}).json()
+    response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, echo=True,
+                                         extra_body={"truncate_prompt_tokens": 5})
+    assert response.usage.prompt_tokens == 5
+    assert response.choices[0].text.startswith(kept["prompt"])  # echo shows what was read
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
+                                          extra_body={"truncate_prompt_tokens": 8})
+    assert chat.usage.prompt_tokens == 8
+
+
 def test_cache_salt_keeps_cached_prefixes_apart(client):
     """vLLM's cache_salt: a prompt cached under one salt is a hit again under that salt
     only."""

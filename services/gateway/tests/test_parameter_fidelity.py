@@ -259,6 +259,12 @@ async def test_return_token_ids_in_vllms_completion_shape(gateway):
     assert streamed == {0: _ids("Hel"), 1: _ids("Hel")}
 
 
+async def test_truncate_prompt_tokens_of_zero_is_refused(gateway):
+    error = _refusal(await _post(gateway, "/v1/chat/completions",
+                                 {**CHAT, "truncate_prompt_tokens": 0}))
+    assert error["param"] == "truncate_prompt_tokens"
+
+
 async def test_allowed_token_ids_go_to_the_engine_and_an_empty_list_is_refused(gateway):
     served = await _post(gateway, "/v1/completions", {**COMPLETION, "allowed_token_ids": [72, 9]})
     assert served.status_code == 200, served.text

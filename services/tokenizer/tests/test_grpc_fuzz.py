@@ -45,14 +45,16 @@ _MESSAGES = st.lists(st.builds(
     name=TEXT, tool_call_id=TEXT, tool_calls_json=TEXT), max_size=3)
 _RENDER = st.builds(pb.RenderRequest, messages=_MESSAGES, add_generation_prompt=st.booleans(),
                     continue_final_message=st.booleans(), chat_template=TEXT,
-                    tools_json=TEXT, max_tokens=UINT32, chat_template_kwargs_json=TEXT)
+                    tools_json=TEXT, max_tokens=UINT32, chat_template_kwargs_json=TEXT,
+                    truncate_prompt_tokens=st.one_of(st.none(), st.integers(-2, 70)))
 _TOKENIZE = st.one_of(
     st.builds(lambda text, special, max_tokens: pb.TokenizeRequest(
         text=text, add_special_tokens=special, max_tokens=max_tokens),
         TEXT, st.booleans(), UINT32),
-    st.builds(lambda ids, max_tokens: pb.TokenizeRequest(
-        token_ids=pb.TokenIds(ids=ids), max_tokens=max_tokens), st.lists(IDS, max_size=70),
-        UINT32),
+    st.builds(lambda ids, max_tokens, keep: pb.TokenizeRequest(
+        token_ids=pb.TokenIds(ids=ids), max_tokens=max_tokens, truncate_prompt_tokens=keep),
+        st.lists(IDS, max_size=70), UINT32,
+        st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1), st.integers(-2, 70))),
     st.just(pb.TokenizeRequest()))
 _DECODE = st.builds(pb.DecodeRequest, token_ids=st.lists(IDS, max_size=8),
                     skip_special_tokens=st.booleans())

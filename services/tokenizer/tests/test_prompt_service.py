@@ -63,6 +63,29 @@ async def test_context_length_boundary(service):
         "max_model_len 64; shorten the prompt or lower max_tokens")
 
 
+async def test_truncate_prompt_tokens_keeps_the_last_tokens(service, tokenizer):
+    """vLLM's truncate_prompt_tokens: the last k tokens (a text's text is theirs), -1 the
+    last max_model_len, then the length check on what is kept."""
+    text = "one two three four five six"
+    kept = await service.tokenize(TextPrompt(text, truncate_prompt_tokens=2))
+    assert kept.token_ids == tokenizer.encode(text)[-2:] and kept.prompt_text == " five six"
+    assert (await service.tokenize(TextPrompt(text, truncate_prompt_tokens=50))).prompt_text \
+        == text  # shorter than k: unchanged
+    ids = list(range(100, 200))  # 100 tokens: past the context of 64
+    assert (await service.tokenize(TokenIdsPrompt(ids, truncate_prompt_tokens=-1))
+            ).token_ids == ids[-MAX_MODEL_LEN:]
+    with pytest.raises(ContextLengthExceeded):  # 64 kept + 1 to generate
+        await service.tokenize(TokenIdsPrompt(ids, max_tokens=1, truncate_prompt_tokens=-1))
+    chat = ChatRequest([ChatMessage("user", "u " * 80)], add_generation_prompt=True,
+                       truncate_prompt_tokens=10)
+    rendered = await service.render(chat)
+    assert rendered.num_tokens == 10 and rendered.prompt_text.endswith("assistant\n")
+    for keep, message in ((MAX_MODEL_LEN + 1, "greater than max_model_len 64"),
+                          (0, "must be -1 or at least 1"), (-2, "must be -1 or at least 1")):
+        with pytest.raises(InvalidRequest, match=message):
+            await service.tokenize(TokenIdsPrompt(ids[:3], truncate_prompt_tokens=keep))
+
+
 @pytest.mark.parametrize("prompt, message", [
     (TextPrompt(""), "prompt is empty; send text or token ids"),
     (TokenIdsPrompt([]), "prompt token_ids is empty; send at least one token id"),

@@ -77,9 +77,10 @@ async def _tokenize_prompts(request: GenerationRequest) -> list[PromptTokens]:
         text, token_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
         tokens = await pipeline.tokenizer.tokenize(PromptInput(
             text=text, token_ids=token_ids, add_special_tokens=body.add_special_tokens,
-            max_tokens=body.requested_max_tokens or 0, max_model_len=request.model.max_model_len))
-        if body.echo and token_ids is not None:  # echo shows the text of the ids
-            tokens.prompt_text = await pipeline.tokenizer.decode(token_ids)
+            max_tokens=body.requested_max_tokens or 0, max_model_len=request.model.max_model_len,
+            truncate_prompt_tokens=body.truncate_prompt_tokens))
+        if body.echo and token_ids is not None:  # echo shows the text of the (kept) ids
+            tokens.prompt_text = await pipeline.tokenizer.decode(tokens.token_ids)
         return tokens
 
     return list(await asyncio.gather(*(tokenized(p) for p in body.prompts)))

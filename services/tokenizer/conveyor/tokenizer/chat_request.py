@@ -30,6 +30,8 @@ class ChatRequest:
     max_tokens: int = 0
     max_model_len: int | None = None
     """The context length to check against (the engines'); None: the model's own."""
+    truncate_prompt_tokens: int | None = None
+    """Keep only the rendered prompt's last k tokens (-1: the last max_model_len)."""
 
     @property
     def num_chars(self) -> int:

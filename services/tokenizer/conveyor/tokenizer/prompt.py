@@ -14,6 +14,8 @@ class TextPrompt:
     max_tokens: int = 0
     max_model_len: int | None = None
     """The context length to check against (the engines'); None: the model's own."""
+    truncate_prompt_tokens: int | None = None
+    """Keep only the last k tokens (-1: the last max_model_len); None: all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +26,8 @@ class TokenIdsPrompt:
     max_tokens: int = 0
     max_model_len: int | None = None
     """The context length to check against (the engines'); None: the model's own."""
+    truncate_prompt_tokens: int | None = None
+    """As TextPrompt's."""
 
 
 @dataclass(frozen=True, slots=True)

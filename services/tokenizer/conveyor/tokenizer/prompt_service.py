@@ -85,23 +85,36 @@ class PromptService:
             raise InvalidRequest("the chat template rendered an empty prompt")
         check_text_length(len(text), self.max_text_chars, "the rendered conversation")
         token_ids = self._tokenizer.encode(text, add_special_tokens=False)
-        return self._validated(token_ids, text, request.max_tokens, request.max_model_len)
+        return self._validated(token_ids, text, request)
 
     def _tokenize_text(self, prompt: TextPrompt) -> TokenizedPrompt:
         check_text_length(len(prompt.text), self.max_text_chars)
         token_ids = self._tokenizer.encode(prompt.text, prompt.add_special_tokens)
-        return self._validated(token_ids, prompt.text, prompt.max_tokens, prompt.max_model_len)
+        return self._validated(token_ids, prompt.text, prompt)
 
     def _check_token_ids(self, prompt: TokenIdsPrompt) -> TokenizedPrompt:
         if not prompt.token_ids:
             raise InvalidRequest("prompt token_ids is empty; send at least one token id")
         self._tokenizer.check_ids(prompt.token_ids)
-        return self._validated(prompt.token_ids, "", prompt.max_tokens, prompt.max_model_len)
+        return self._validated(prompt.token_ids, "", prompt)
 
-    def _validated(self, token_ids: list[int], text: str, max_tokens: int,
-                   max_model_len: int | None) -> TokenizedPrompt:
+    def _validated(self, token_ids: list[int], text: str,
+                   request: ChatRequest | TextPrompt | TokenIdsPrompt) -> TokenizedPrompt:
+        """The prompt, truncated as the request asks (a text's text then is the kept
+        tokens'), checked against its context length."""
         if not token_ids:
             raise InvalidRequest("the prompt has no tokens")
-        max_model_len = max_model_len or self.info.max_model_len
-        check_context_length(len(token_ids), max_tokens, max_model_len)
+        max_model_len = request.max_model_len or self.info.max_model_len
+        keep = request.truncate_prompt_tokens
+        if keep == -1:
+            keep = max_model_len
+        if keep is not None and keep < 1:
+            raise InvalidRequest(f"truncate_prompt_tokens must be -1 or at least 1, got {keep}")
+        if keep is not None and keep > max_model_len:
+            raise InvalidRequest(f"truncate_prompt_tokens {keep} is greater than max_model_len "
+                                 f"{max_model_len}; send at most {max_model_len}")
+        if keep is not None and len(token_ids) > keep:
+            token_ids = token_ids[-keep:]
+            text = self._tokenizer.decode(token_ids, skip_special_tokens=False) if text else ""
+        check_context_length(len(token_ids), request.max_tokens, max_model_len)
         return TokenizedPrompt(list(token_ids), text, max_model_len)

@@ -58,12 +58,13 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         if which is None:
             raise InvalidRequest("prompt is missing; set text or token_ids")
         max_model_len = request.max_model_len or None
+        keep = _truncation(request)
         if which == "token_ids":
             prompt = TokenIdsPrompt(list(request.token_ids.ids), request.max_tokens,
-                                    max_model_len)
+                                    max_model_len, keep)
         else:
             prompt = TextPrompt(request.text, request.add_special_tokens, request.max_tokens,
-                                max_model_len)
+                                max_model_len, keep)
         return await self._service.tokenize(prompt)
 
 
@@ -88,7 +89,15 @@ def _chat_request(request) -> ChatRequest:
         chat_template_kwargs_json=request.chat_template_kwargs_json,
         max_tokens=request.max_tokens,
         max_model_len=request.max_model_len or None,
+        truncate_prompt_tokens=_truncation(request),
     )
+
+
+def _truncation(request) -> int | None:
+    """truncate_prompt_tokens (None when unset)."""
+    if not request.HasField("truncate_prompt_tokens"):
+        return None
+    return request.truncate_prompt_tokens
 
 
 def _message(message) -> ChatMessage:

@@ -121,6 +121,7 @@ def render_input(body: ChatCompletionRequest, max_tokens: int | None,
         chat_template_kwargs_json=(
             json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else ""
         ),
+        truncate_prompt_tokens=body.truncate_prompt_tokens,
     )
 
 

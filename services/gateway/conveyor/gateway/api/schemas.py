@@ -76,6 +76,8 @@ class _SamplingFields(_Knobs):
     """vLLM's: every token logprobs show is "token_id:{id}" instead of its text."""
     return_token_ids: bool = False
     """vLLM's: the prompt's token ids and each choice's output token ids in the response."""
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT32_MAX)
+    """vLLM's: keep only the prompt's last k tokens (-1: the last max_model_len)."""
     cache_salt: str | None = Field(None, min_length=1)
     """vLLM's: mixed into the prefix cache's keys (with the tenant's own salt), so only
     requests with the same salt share cached blocks."""
@@ -87,6 +89,13 @@ class _SamplingFields(_Knobs):
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _keeps_some(cls, keep: int | None) -> int | None:
+        if keep == 0:
+            raise ValueError("must be -1 (the model's context length) or at least 1")
+        return keep
 
     @field_validator("logit_bias")
     @classmethod

@@ -38,6 +38,8 @@ class RenderInput:
     chat_template: str = ""
     tools_json: str = ""
     chat_template_kwargs_json: str = ""
+    truncate_prompt_tokens: int | None = None
+    """Keep only the last k tokens (-1: the last max_model_len); None: all."""
 
 
 @dataclass(slots=True)
@@ -49,6 +51,8 @@ class PromptInput:
     add_special_tokens: bool = True
     max_tokens: int = 0
     max_model_len: int = 0
+    """As RenderInput's."""
+    truncate_prompt_tokens: int | None = None
     """As RenderInput's."""
 
 
@@ -131,6 +135,7 @@ def render_request(render: RenderInput) -> tokenizer_pb2.RenderRequest:
         max_tokens=render.max_tokens,
         chat_template_kwargs_json=render.chat_template_kwargs_json,
         max_model_len=render.max_model_len,
+        truncate_prompt_tokens=render.truncate_prompt_tokens,
     )
 
 
@@ -148,7 +153,7 @@ def _chat_message(turn: ChatTurn) -> tokenizer_pb2.ChatMessage:
 def tokenize_request(prompt: PromptInput) -> tokenizer_pb2.TokenizeRequest:
     request = tokenizer_pb2.TokenizeRequest(
         add_special_tokens=prompt.add_special_tokens, max_tokens=prompt.max_tokens,
-        max_model_len=prompt.max_model_len,
+        max_model_len=prompt.max_model_len, truncate_prompt_tokens=prompt.truncate_prompt_tokens,
     )
     if prompt.token_ids is not None:
         request.token_ids.ids.extend(prompt.token_ids)
