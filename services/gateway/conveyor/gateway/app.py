@@ -66,7 +66,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(APIError(exc.status_code, str(exc.detail), kind),
+        message = str(exc.detail)
+        if exc.status_code in (404, 405):  # no such route, or not with this method
+            message = f"Invalid URL ({request.method} {request.url.path}): {message}"
+        return error_response(APIError(exc.status_code, message, kind),
                               dict(exc.headers or {}))
 
     @app.exception_handler(Exception)
