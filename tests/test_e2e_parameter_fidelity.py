@@ -300,6 +300,18 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(stack, client):
     assert chat.usage.prompt_tokens == 8
 
 
+def test_documents_reach_the_prompt_of_a_template_without_them(client):
+    """The bundled template has no place for documents: they are written into the system
+    message, and the model reads them."""
+    document = {"title": "Harbour log", "text": "The ferry Aurora left pier nine at 6:40."}
+
+    def prompt_tokens(**extra) -> int:
+        return client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1,
+                                              **extra).usage.prompt_tokens
+
+    assert prompt_tokens(extra_body={"documents": [document]}) >= prompt_tokens() + 15
+
+
 def test_cache_salt_keeps_cached_prefixes_apart(client):
     """vLLM's cache_salt: a prompt cached under one salt is a hit again under that salt
     only."""

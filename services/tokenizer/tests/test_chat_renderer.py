@@ -77,6 +77,26 @@ def test_request_template_sees_tools_and_kwargs(tokenizer):
     assert text == "[weather]hey user:Hi"
 
 
+DOCS = '[{"title": "Tides", "text": "The moon pulls the sea."}]'
+
+
+def test_documents_go_into_the_system_message_of_a_template_without_them(tokenizer):
+    text = render(tokenizer, messages=USER_HI, documents_json=DOCS)
+    assert text.startswith("<|im_start|>system\nUse these documents to answer:\n<documents>\n"
+                           "<document>\ntitle: Tides\ntext: The moon pulls the sea.\n"
+                           "</document>\n</documents><|im_end|>\n")
+    own = render(tokenizer, messages=[ChatMessage("system", "Be brief."), *USER_HI],
+                 documents_json=DOCS)
+    assert own.startswith("<|im_start|>system\nBe brief.\n\nUse these documents")
+
+
+def test_a_template_that_reads_documents_gets_them(tokenizer):
+    template = ("{% for d in documents %}({{ d.title }}: {{ d.text }}){% endfor %}"
+                "{% for m in messages %}{{ m.role }}:{{ m.content }}{% endfor %}")
+    text = render(tokenizer, messages=USER_HI, chat_template=template, documents_json=DOCS)
+    assert text == "(Tides: The moon pulls the sea.)user:Hi"
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"chat_template": "{% for m in messages %}"},
      "the request's chat_template is not valid Jinja (line 1)"),
@@ -89,6 +109,8 @@ def test_request_template_sees_tools_and_kwargs(tokenizer):
     ({"tools_json": "[1]"}, "tools[0] must be a JSON object"),
     ({"tools_json": "{"}, "tools is not valid JSON"),
     ({"chat_template_kwargs_json": "[]"}, "chat_template_kwargs must be a JSON object, got list"),
+    ({"documents_json": '[{"text": 1}]'}, "documents[0] must be a JSON object of strings"),
+    ({"documents_json": '{"text": "x"}'}, "documents must be a JSON array"),
     ({"chat_template_kwargs_json": '{"tokenize": true, "messages": []}'},
      "chat_template_kwargs may not set messages, tokenize"),
 ])

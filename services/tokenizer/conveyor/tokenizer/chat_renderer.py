@@ -5,6 +5,7 @@ from __future__ import annotations
 import jinja2
 
 from conveyor.tokenizer.chat_request import TemplateArguments
+from conveyor.tokenizer.documents_prompt import template_knows_documents, with_documents_in_text
 from conveyor.tokenizer.errors import InvalidRequest
 from conveyor.tokenizer.tool_prompt import (
     needs_tool_text,
@@ -17,7 +18,8 @@ class ChatRenderer:
     """Renders conversations with the model's chat template (or a request's own).
 
     A template that never mentions tools gets the request's tools and tool turns
-    written into the conversation's text (tool_prompt.py), so none is dropped.
+    written into the conversation's text (tool_prompt.py), so none is dropped; so do
+    its documents in one that never mentions them (documents_prompt.py).
     Any failure while rendering is the request's fault (its template, its
     messages or its kwargs), so every one becomes InvalidRequest; the message
     says whose template failed and why.
@@ -38,9 +40,13 @@ class ChatRenderer:
         template = args.chat_template or self._tokenizer.chat_template
         if not template_knows_tools(template) and needs_tool_text(conversation, tools):
             conversation, tools = with_tools_in_text(conversation, tools), None
+        documents = args.documents
+        if documents and not template_knows_documents(template):
+            conversation, documents = with_documents_in_text(conversation, documents), None
         try:
             return self._tokenizer.apply_chat_template(
-                conversation, tools=tools, chat_template=args.chat_template,
+                conversation, tools=tools, documents=documents,
+                chat_template=args.chat_template,
                 add_generation_prompt=args.add_generation_prompt,
                 continue_final_message=args.continue_final_message, tokenize=False,
                 **args.kwargs,

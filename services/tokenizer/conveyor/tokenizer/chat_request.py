@@ -27,6 +27,7 @@ class ChatRequest:
     """Overrides the model's template when non-empty."""
     tools_json: str = ""
     chat_template_kwargs_json: str = ""
+    documents_json: str = ""
     max_tokens: int = 0
     max_model_len: int | None = None
     """The context length to check against (the engines'); None: the model's own."""
@@ -37,7 +38,8 @@ class ChatRequest:
     def num_chars(self) -> int:
         """Characters of text the request carries, before rendering."""
         return (sum(m.num_chars for m in self.messages) + len(self.chat_template)
-                + len(self.tools_json) + len(self.chat_template_kwargs_json))
+                + len(self.tools_json) + len(self.chat_template_kwargs_json)
+                + len(self.documents_json))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,7 @@ class TemplateArguments:
     continue_final_message: bool
     chat_template: str | None = None
     tools: list | None = None
+    documents: list[dict] | None = None
     kwargs: dict = field(default_factory=dict)
 
 
@@ -64,6 +67,7 @@ def template_arguments(request: ChatRequest) -> TemplateArguments:
         continue_final_message=request.continue_final_message,
         chat_template=request.chat_template or None,
         tools=_tools(request.tools_json),
+        documents=_documents(request.documents_json),
         kwargs=_kwargs(request.chat_template_kwargs_json),
     )
 
@@ -76,6 +80,17 @@ def _tools(tools_json: str) -> list | None:
         if not isinstance(tool, dict):
             raise InvalidRequest(f"tools[{index}] must be a JSON object")
     return tools
+
+
+def _documents(documents_json: str) -> list[dict] | None:
+    if not documents_json:
+        return None
+    documents = parse_json(documents_json, list, "documents")
+    for index, document in enumerate(documents):
+        if not isinstance(document, dict) or not all(isinstance(v, str)
+                                                     for v in document.values()):
+            raise InvalidRequest(f"documents[{index}] must be a JSON object of strings")
+    return documents
 
 
 def _kwargs(kwargs_json: str) -> dict:

@@ -87,6 +87,7 @@ def _chat_request(request) -> ChatRequest:
         chat_template=request.chat_template,
         tools_json=request.tools_json,
         chat_template_kwargs_json=request.chat_template_kwargs_json,
+        documents_json=request.documents_json,
         max_tokens=request.max_tokens,
         max_model_len=request.max_model_len or None,
         truncate_prompt_tokens=_truncation(request),

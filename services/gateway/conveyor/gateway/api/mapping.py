@@ -122,6 +122,7 @@ def render_input(body: ChatCompletionRequest, max_tokens: int | None,
             json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else ""
         ),
         truncate_prompt_tokens=body.truncate_prompt_tokens,
+        documents_json=json.dumps(body.documents) if body.documents else "",
     )
 
 

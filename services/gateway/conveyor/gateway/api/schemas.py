@@ -263,6 +263,9 @@ class ChatCompletionRequest(OpenAIOptions, _SamplingFields):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None
+    """vLLM's: a RAG request's sources, for templates that read them (else written into
+    the system message by the tokenizer)."""
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):

@@ -38,6 +38,7 @@ class RenderInput:
     chat_template: str = ""
     tools_json: str = ""
     chat_template_kwargs_json: str = ""
+    documents_json: str = ""
     truncate_prompt_tokens: int | None = None
     """Keep only the last k tokens (-1: the last max_model_len); None: all."""
 
@@ -136,6 +137,7 @@ def render_request(render: RenderInput) -> tokenizer_pb2.RenderRequest:
         chat_template_kwargs_json=render.chat_template_kwargs_json,
         max_model_len=render.max_model_len,
         truncate_prompt_tokens=render.truncate_prompt_tokens,
+        documents_json=render.documents_json,
     )
 
 
