@@ -81,6 +81,15 @@ def _content(index: int, message: ChatMessage) -> str:
     return "".join(texts)
 
 
+def with_system_text(conversation: list[dict], text: str) -> list[dict]:
+    """The template conversation with `text` after its system message's content (in a new
+    system message first when it has none)."""
+    if conversation and conversation[0]["role"] == "system":
+        first = conversation[0]
+        return [{**first, "content": f"{first['content']}\n\n{text}"}, *conversation[1:]]
+    return [{"role": "system", "content": text}, *conversation]
+
+
 def parse_json(text: str, expected: type, what: str):
     """Parse a JSON field of the request, which must hold an `expected` (list or dict)."""
     try:

@@ -9,6 +9,8 @@ there is none), each in a `<document>` block of its fields.
 
 from __future__ import annotations
 
+from conveyor.tokenizer.conversation import with_system_text
+
 INSTRUCTIONS = "Use these documents to answer:\n<documents>\n{documents}\n</documents>"
 
 
@@ -19,11 +21,8 @@ def template_knows_documents(template: str | dict) -> bool:
 
 def with_documents_in_text(conversation: list[dict], documents: list[dict]) -> list[dict]:
     """The conversation with `documents` written into its system message."""
-    described = INSTRUCTIONS.format(documents="\n".join(_block(d) for d in documents))
-    if conversation and conversation[0]["role"] == "system":
-        first = conversation[0]
-        return [{**first, "content": f"{first['content']}\n\n{described}"}, *conversation[1:]]
-    return [{"role": "system", "content": described}, *conversation]
+    return with_system_text(conversation, INSTRUCTIONS.format(
+        documents="\n".join(_block(d) for d in documents)))
 
 
 def _block(document: dict) -> str:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 
+from conveyor.tokenizer.conversation import with_system_text
+
 INSTRUCTIONS = (
     "You can call functions to help with the user's request. The functions are described "
     "as JSON inside <tools></tools>:\n<tools>\n{tools}\n</tools>\n"
@@ -42,11 +44,8 @@ def with_tools_in_text(conversation: list[dict], tools: list | None) -> list[dic
     messages = [_as_text(message) for message in conversation]
     if not tools:
         return messages
-    described = INSTRUCTIONS.format(tools="\n".join(json.dumps(t) for t in tools))
-    if messages and messages[0]["role"] == "system":
-        first = messages[0]
-        return [{**first, "content": f"{first['content']}\n\n{described}"}, *messages[1:]]
-    return [{"role": "system", "content": described}, *messages]
+    return with_system_text(messages, INSTRUCTIONS.format(
+        tools="\n".join(json.dumps(t) for t in tools)))
 
 
 def _as_text(message: dict) -> dict:
