@@ -87,7 +87,7 @@ _VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan
                     st.lists(st.integers(0, 2**33), max_size=3))
 _FIELDS = ["max_tokens", "temperature", "top_p", "top_k", "n", "stop", "stop_token_ids",
            "seed", "logit_bias", "min_tokens", "user", "priority", "stream", "logprobs",
-           "top_logprobs", "prompt", "repetition_penalty", "allowed_token_ids"]
+           "top_logprobs", "prompt", "repetition_penalty", "allowed_token_ids", "bad_words"]
 
 
 @settings(max_examples=40, derandomize=True, deadline=None, database=None,

@@ -312,6 +312,20 @@ def test_documents_reach_the_prompt_of_a_template_without_them(client):
     assert prompt_tokens(extra_body={"documents": [document]}) >= prompt_tokens() + 15
 
 
+def test_bad_words_never_complete_in_the_output(stack, client):
+    """The greedy output's first word, banned: neither of its token sequences (as written,
+    and after a space) appears in the new output."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    first = client.completions.create(**body).choices[0].text.split()[0]
+    choice = client.completions.create(**body, extra_body={
+        "bad_words": [first], "return_token_ids": True}).choices[0]
+    out = choice.model_extra["token_ids"]
+    for text in (first, " " + first):
+        banned = httpx.post(f"{stack.base_url}/tokenize", json={
+            "prompt": text, "add_special_tokens": False}).json()["tokens"]
+        assert not any(out[i:i + len(banned)] == banned for i in range(len(out))), text
+
+
 def test_cache_salt_keeps_cached_prefixes_apart(client):
     """vLLM's cache_salt: a prompt cached under one salt is a hit again under that salt
     only."""

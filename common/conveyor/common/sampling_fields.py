@@ -29,6 +29,12 @@ MAX_TOP_LOGPROBS = 20
 MAX_NUM_SAMPLES = 128
 """Most samples (`n`) of one request an engine takes (detok refuses more before it opens
 the engine's stream)."""
+MAX_BAD_WORDS = 64
+"""Most bad_words of one request (each is at most two token sequences for the engine)."""
+MAX_BAD_WORD_TOKENS = 32
+"""Most tokens of one bad word's sequence."""
+MAX_BAD_WORD_CHARS = 512
+"""Most characters of one bad word (checked before it is tokenized)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -259,6 +259,12 @@ async def test_return_token_ids_in_vllms_completion_shape(gateway):
     assert streamed == {0: _ids("Hel"), 1: _ids("Hel")}
 
 
+@pytest.mark.parametrize("words", [["w"] * 65, [""], ["x" * 513]])
+async def test_bad_words_past_their_bounds_are_refused(gateway, words):
+    error = _refusal(await _post(gateway, "/v1/completions", {**COMPLETION, "bad_words": words}))
+    assert error["param"].startswith("bad_words")
+
+
 async def test_truncate_prompt_tokens_of_zero_is_refused(gateway):
     error = _refusal(await _post(gateway, "/v1/chat/completions",
                                  {**CHAT, "truncate_prompt_tokens": 0}))

@@ -86,6 +86,19 @@ async def test_truncate_prompt_tokens_keeps_the_last_tokens(service, tokenizer):
             await service.tokenize(TokenIdsPrompt(ids[:3], truncate_prompt_tokens=keep))
 
 
+async def test_bad_words_come_back_as_vllms_token_sequences(service, tokenizer):
+    prompt = await service.tokenize(TextPrompt("Hi", bad_words=("hello", " world peace")))
+    hello, spaced = tokenizer.encode("hello"), tokenizer.encode(" hello")
+    assert prompt.bad_words[:2] == [hello, spaced] and hello[0] != spaced[0]
+    assert tokenizer.encode("world peace") in prompt.bad_words
+    assert tokenizer.encode(" world peace") in prompt.bad_words
+    for words, message in ((("   ",), "bad_words\\[0\\] must be 1 to 32 tokens"),
+                           (("x" * 513,), "longer than 512 characters"),
+                           (("w",) * 65, "at most 64 are taken")):
+        with pytest.raises(InvalidRequest, match=message):
+            await service.tokenize(TextPrompt("Hi", bad_words=words))
+
+
 @pytest.mark.parametrize("prompt, message", [
     (TextPrompt(""), "prompt is empty; send text or token ids"),
     (TokenIdsPrompt([]), "prompt token_ids is empty; send at least one token id"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST
-from conveyor.common.sampling_fields import MAX_NUM_SAMPLES
+from conveyor.common.sampling_fields import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, MAX_NUM_SAMPLES
 from conveyor.engine.engine_info import EngineInfo
 from conveyor.engine.engine_request import EngineRequest
 
@@ -66,12 +66,31 @@ def _check_sampling(request: EngineRequest, info: EngineInfo) -> None:
     params = request.sampling_params
     if params.n > MAX_NUM_SAMPLES:
         raise InvalidRequestError(f"n must be at most {MAX_NUM_SAMPLES}, got {params.n}")
-    for name in ("stop_token_ids", "allowed_token_ids"):
-        bad = next((t for t in getattr(params, name) if not 0 <= t < info.vocab_size), None)
+    named_ids = [("stop_token_ids", params.stop_token_ids),
+                 ("allowed_token_ids", params.allowed_token_ids),
+                 *(("bad_words", sequence) for sequence in params.bad_words)]
+    for name, ids in named_ids:
+        bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
         if bad is not None:
             raise InvalidRequestError(f"{name} token id {bad} is out of range for the "
                                       f"vocabulary of {info.vocab_size}")
     _check_allowed_tokens(params, info)
+    _check_bad_words(params)
+
+
+def _check_bad_words(params) -> None:
+    """Bounded (each is matched at every step), and not with what could leave a step
+    nothing to sample (an allowed list or a grammar that allows only banned tokens)."""
+    if not params.bad_words:
+        return
+    if len(params.bad_words) > 2 * MAX_BAD_WORDS or any(
+            not 0 < len(s) <= MAX_BAD_WORD_TOKENS for s in params.bad_words):
+        raise InvalidRequestError(f"bad_words must be at most {2 * MAX_BAD_WORDS} sequences of "
+                                  f"1 to {MAX_BAD_WORD_TOKENS} tokens")
+    if params.allowed_token_ids or params.structured_outputs is not None:
+        raise InvalidRequestError("bad_words cannot be combined with allowed_token_ids or a "
+                                  "structured output (response_format, structured_outputs, "
+                                  "guided_* or a tool call that must be made)")
 
 
 def _check_allowed_tokens(params, info: EngineInfo) -> None:

@@ -34,6 +34,9 @@ class SamplingParams(SamplingKnobs):
     stop_token_ids: list[int] = field(default_factory=list)
     allowed_token_ids: list[int] = field(default_factory=list)
     """vLLM's: sample only among these (empty: any token)."""
+    bad_words: list[list[int]] = field(default_factory=list)
+    """vLLM's bad_words as token sequences: a sequence's last token is never sampled right
+    after its other tokens (a one-token sequence: never)."""
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0

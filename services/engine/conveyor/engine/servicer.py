@@ -183,6 +183,7 @@ def to_sampling_params(proto: engine_pb2.SamplingParams, default_max_tokens: int
         min_tokens=proto.min_tokens,
         stop_token_ids=list(proto.stop_token_ids),
         allowed_token_ids=list(proto.allowed_token_ids),
+        bad_words=[list(sequence.ids) for sequence in proto.bad_words],
         ignore_eos=proto.ignore_eos,
         logprobs=proto.logprobs or proto.top_logprobs > 0,
         top_logprobs=proto.top_logprobs,

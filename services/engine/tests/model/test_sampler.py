@@ -147,6 +147,16 @@ def test_allowed_token_ids_keep_a_rows_draws_among_them_and_leave_others_alone()
     assert seen[1] > 0 and seen[6] > 0 and seen.sum() == seen[1] + seen[6]
 
 
+def test_bad_words_ban_the_token_that_would_complete_one():
+    params = SamplingParams(temperature=0.0, bad_words=[[0], [5, 1]])
+    [[fresh], [after_five], [after_six]] = sampler().sample(LOGITS.repeat(3, 1), [
+        request(params), request(params, output=[5], rid="5"), request(params, output=[6],
+                                                                        rid="6")])
+    assert (fresh.token_id, after_five.token_id, after_six.token_id) == (1, 2, 1)
+    seen = counts(SamplingParams(temperature=1.0, bad_words=[[0], [1]]), LOGITS)
+    assert seen[0] == seen[1] == 0 and seen[2] > 0
+
+
 def test_min_tokens_masks_eos_and_stop_ids_until_reached():
     logits = torch.zeros(1, VOCAB)
     logits[0, EOS] = 10.0

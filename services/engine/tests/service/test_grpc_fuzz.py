@@ -32,6 +32,8 @@ _SAMPLING = st.fixed_dictionaries({}, optional={
     "max_tokens": st.one_of(st.integers(0, 8), st.sampled_from([70, 2**32 - 1])),
     "stop_token_ids": st.lists(UINT32, max_size=3), "ignore_eos": st.booleans(),
     "allowed_token_ids": st.lists(st.one_of(st.integers(0, 99), UINT32), max_size=3),
+    "bad_words": st.lists(st.builds(engine_pb2.TokenSequence, ids=st.lists(
+        st.one_of(st.integers(0, 99), UINT32), max_size=3)), max_size=3),
     "logprobs": st.booleans(), "top_logprobs": st.one_of(st.integers(0, 21), st.just(2**32 - 1)),
     "min_tokens": st.one_of(st.integers(0, 9), st.just(2**32 - 1)),
 }).map(lambda fields: engine_pb2.SamplingParams(**fields))
@@ -67,6 +69,11 @@ async def test_malformed_generate_requests_finish_or_are_invalid_argument(stub, 
     ({"allowed_token_ids": [2**32 - 1]}, "allowed_token_ids token id 4294967295 is out of "),
     ({"allowed_token_ids": [5], "stop_token_ids": [5], "min_tokens": 1},
      "allowed_token_ids holds only stop and EOS tokens"),
+    ({"bad_words": [engine_pb2.TokenSequence(ids=[1, 2**32 - 1])]},
+     "bad_words token id 4294967295 is out of range"),
+    ({"bad_words": [engine_pb2.TokenSequence(ids=[])]}, "bad_words must be at most 128 "),
+    ({"bad_words": [engine_pb2.TokenSequence(ids=[5])], "allowed_token_ids": [5, 6]},
+     "bad_words cannot be combined with allowed_token_ids"),
 ])
 async def test_non_finite_floats_and_foreign_stop_ids_are_invalid_argument(stub, sampling,
                                                                            message):

@@ -78,7 +78,8 @@ async def _tokenize_prompts(request: GenerationRequest) -> list[PromptTokens]:
         tokens = await pipeline.tokenizer.tokenize(PromptInput(
             text=text, token_ids=token_ids, add_special_tokens=body.add_special_tokens,
             max_tokens=body.requested_max_tokens or 0, max_model_len=request.model.max_model_len,
-            truncate_prompt_tokens=body.truncate_prompt_tokens))
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
+            bad_words=list(body.bad_words or [])))
         if body.echo and token_ids is not None:  # echo shows the text of the (kept) ids
             tokens.prompt_text = await pipeline.tokenizer.decode(tokens.token_ids)
         return tokens

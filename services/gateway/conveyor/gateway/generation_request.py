@@ -241,7 +241,8 @@ class GenerationRequest:
         budgets = zip(self.prompts, self._max_tokens, strict=True)
         for prompt_index, (prompt, max_tokens) in enumerate(budgets):
             job_id = f"{self.request_id}-{'p' if body.n > 1 else ''}{prompt_index}"
-            job = GenerateJob(job_id, prompt.token_ids, sampling_options(body, max_tokens),
+            job = GenerateJob(job_id, prompt.token_ids,
+                              sampling_options(body, max_tokens, prompt.bad_words),
                               self._priority, self.cache_salt, n=body.n,
                               constraint=self._plan.constraint, lora=self.model.lora)
             choice_ids = [f"{self.request_id}-{prompt_index * body.n + sample}"

@@ -33,6 +33,8 @@ class ChatRequest:
     """The context length to check against (the engines'); None: the model's own."""
     truncate_prompt_tokens: int | None = None
     """Keep only the rendered prompt's last k tokens (-1: the last max_model_len)."""
+    bad_words: tuple[str, ...] = ()
+    """vLLM's bad_words, tokenized with the prompt (TokenizedPrompt.bad_words)."""
 
     @property
     def num_chars(self) -> int:

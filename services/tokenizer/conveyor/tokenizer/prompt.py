@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +16,8 @@ class TextPrompt:
     """The context length to check against (the engines'); None: the model's own."""
     truncate_prompt_tokens: int | None = None
     """Keep only the last k tokens (-1: the last max_model_len); None: all."""
+    bad_words: tuple[str, ...] = ()
+    """vLLM's bad_words, tokenized with the prompt (TokenizedPrompt.bad_words)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,8 @@ class TokenIdsPrompt:
     """The context length to check against (the engines'); None: the model's own."""
     truncate_prompt_tokens: int | None = None
     """As TextPrompt's."""
+    bad_words: tuple[str, ...] = ()
+    """As TextPrompt's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,8 @@ class TokenizedPrompt:
     prompt_text: str
     max_model_len: int
     """The context length it was checked against."""
+    bad_words: list[list[int]] = field(default_factory=list)
+    """The token sequences of the request's bad_words (PromptTokenizer.bad_word_sequences)."""
 
     @property
     def num_tokens(self) -> int:

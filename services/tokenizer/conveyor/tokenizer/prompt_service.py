@@ -117,4 +117,5 @@ class PromptService:
             token_ids = token_ids[-keep:]
             text = self._tokenizer.decode(token_ids, skip_special_tokens=False) if text else ""
         check_context_length(len(token_ids), request.max_tokens, max_model_len)
-        return TokenizedPrompt(list(token_ids), text, max_model_len)
+        return TokenizedPrompt(list(token_ids), text, max_model_len,
+                               self._tokenizer.bad_word_sequences(request.bad_words))

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conveyor.common.sampling_fields import (
+    MAX_BAD_WORD_CHARS,
+    MAX_BAD_WORD_TOKENS,
+    MAX_BAD_WORDS,
+)
 from conveyor.tokenizer.errors import InvalidRequest
 
 
@@ -38,6 +43,28 @@ class PromptTokenizer:
         if not text:
             raise InvalidRequest("prompt is empty; send text or token ids")
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def bad_word_sequences(self, words: tuple[str, ...]) -> list[list[int]]:
+        """vLLM's token sequences of bad words: each word as written (leading spaces
+        dropped), and with one leading space where that tokenizes to a different first
+        token and as many tokens (the word in the middle of a text)."""
+        if len(words) > MAX_BAD_WORDS:
+            raise InvalidRequest(f"bad_words holds {len(words)} words; at most "
+                                 f"{MAX_BAD_WORDS} are taken")
+        sequences: list[list[int]] = []
+        for index, word in enumerate(words):
+            if len(word) > MAX_BAD_WORD_CHARS:
+                raise InvalidRequest(f"bad_words[{index}] is longer than {MAX_BAD_WORD_CHARS} "
+                                     "characters")
+            bare = self._tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            if not bare or len(bare) > MAX_BAD_WORD_TOKENS:
+                raise InvalidRequest(f"bad_words[{index}] must be 1 to {MAX_BAD_WORD_TOKENS} "
+                                     f"tokens, got {len(bare)}")
+            spaced = self._tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            sequences.append(bare)
+            if spaced[0] != bare[0] and len(spaced) == len(bare):
+                sequences.append(spaced)
+        return sequences
 
     def check_ids(self, token_ids: list[int], what: str = "prompt token_ids") -> None:
         """Raise InvalidRequest for an id outside the vocabulary."""

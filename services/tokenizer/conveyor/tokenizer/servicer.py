@@ -61,10 +61,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         keep = _truncation(request)
         if which == "token_ids":
             prompt = TokenIdsPrompt(list(request.token_ids.ids), request.max_tokens,
-                                    max_model_len, keep)
+                                    max_model_len, keep, tuple(request.bad_words))
         else:
             prompt = TextPrompt(request.text, request.add_special_tokens, request.max_tokens,
-                                max_model_len, keep)
+                                max_model_len, keep, tuple(request.bad_words))
         return await self._service.tokenize(prompt)
 
 
@@ -91,6 +91,7 @@ def _chat_request(request) -> ChatRequest:
         max_tokens=request.max_tokens,
         max_model_len=request.max_model_len or None,
         truncate_prompt_tokens=_truncation(request),
+        bad_words=tuple(request.bad_words),
     )
 
 
@@ -114,4 +115,5 @@ def _tokenized(prompt: TokenizedPrompt):
     return tokenizer_pb2.TokenizeResponse(
         token_ids=prompt.token_ids, prompt_text=prompt.prompt_text,
         num_tokens=prompt.num_tokens, max_model_len=prompt.max_model_len,
+        bad_words=[tokenizer_pb2.TokenIds(ids=ids) for ids in prompt.bad_words],
     )

@@ -14,15 +14,15 @@ from conveyor.engine.sampling.sampling_batch import SamplingBatch
 
 
 class Sampler:
-    """Greedy, temperature, min_p, top_k, top_p; penalties, logit_bias, min_tokens;
-    structured-output masks; verification of speculative drafts.
+    """Greedy, temperature, min_p, top_k, top_p; penalties, logit_bias, min_tokens,
+    allowed_token_ids, bad_words; structured-output masks; verification of speculative drafts.
 
     Order (vLLM's): a constrained row's grammar mask comes first; then logprobs are
     taken (what logprobs report: the model's distribution, renormalised over the tokens
     the grammar allows on a constrained row, so a masked alternative has -inf); then
-    allowed_token_ids, min_tokens masking, logit_bias and penalties; greedy rows take the argmax
-    here; the rest are divided by temperature, filtered by min_p, top_k, top_p
-    and drawn by inverse transform sampling (inverse_transform.py: one uniform
+    allowed_token_ids, bad_words, min_tokens masking, logit_bias and penalties; greedy
+    rows take the argmax here; the rest are divided by temperature, filtered by min_p,
+    top_k, top_p and drawn by inverse transform sampling (inverse_transform.py: one uniform
     number a row, where an exponential race needs one a vocabulary entry: at 64 rows
     of 49,152 its noise alone took 57 ms). Seeded rows take their number from a
     generator seeded by (seed, output position), so a seeded request is reproducible
@@ -72,6 +72,8 @@ class Sampler:
     def _apply_processors(self, logits: torch.Tensor, batch: SamplingBatch) -> None:
         if batch.allowed_tokens is not None:
             lp.keep_only(logits, batch.allowed_tokens)
+        if batch.bad_words_mask is not None:
+            lp.apply_token_mask(logits, batch.bad_words_mask)
         if batch.min_tokens_mask is not None:
             lp.apply_token_mask(logits, batch.min_tokens_mask)
         if batch.logit_bias is not None:

@@ -63,6 +63,8 @@ class SamplingBatch:
     min_tokens_mask: TokenMask | None
     allowed_tokens: TokenMask | None
     """(row, token) for each token a row with allowed_token_ids may take."""
+    bad_words_mask: TokenMask | None
+    """(row, token) for each token that would complete one of the row's bad words now."""
     grammar_mask: GrammarMask | None
     seeds: list[tuple[int, int]]
     """(row, generator seed) for rows with a per-request seed."""
@@ -79,9 +81,11 @@ class SamplingBatch:
 
     @property
     def has_processors(self) -> bool:
-        """Whether any row has min_tokens masking, allowed tokens, logit_bias or penalties."""
+        """Whether any row has min_tokens masking, allowed tokens, bad words, logit_bias or
+        penalties."""
         return (self.min_tokens_mask is not None or self.allowed_tokens is not None
-                or self.logit_bias is not None or self.penalties is not None)
+                or self.bad_words_mask is not None or self.logit_bias is not None
+                or self.penalties is not None)
 
     @classmethod
     def from_requests(cls, requests: Sequence[ScheduledRequest], eos_token_ids: Sequence[int],
@@ -101,6 +105,7 @@ class SamplingBatch:
             logit_bias=_logit_bias(params, device),
             min_tokens_mask=_min_tokens_mask(requests, eos_token_ids, device),
             allowed_tokens=_allowed_tokens(params, device),
+            bad_words_mask=_bad_words_mask(requests, device),
             grammar_mask=_grammar_mask(requests, vocab_size, device),
             seeds=[(row, seed_for_position(r.sampling_params.seed, len(r.output_token_ids)))
                    for row, r in enumerate(requests) if r.sampling_params.seed is not None],
@@ -170,6 +175,22 @@ def _logit_bias(params, device: torch.device) -> TokenMask | None:
 
 def _allowed_tokens(params, device: torch.device) -> TokenMask | None:
     pairs = [(row, token) for row, p in enumerate(params) for token in p.allowed_token_ids]
+    if not pairs:
+        return None
+    rows, tokens = zip(*pairs, strict=True)
+    return TokenMask(_on_device(rows, device), _on_device(tokens, device))
+
+
+def _bad_words_mask(requests: Sequence[ScheduledRequest],
+                    device: torch.device) -> TokenMask | None:
+    """The last token of each bad word whose other tokens end the row's output so far."""
+    pairs = []
+    for row, r in enumerate(requests):
+        output = r.output_token_ids
+        for sequence in r.sampling_params.bad_words:
+            before = len(sequence) - 1
+            if before <= len(output) and output[len(output) - before:] == sequence[:-1]:
+                pairs.append((row, sequence[-1]))
     if not pairs:
         return None
     rows, tokens = zip(*pairs, strict=True)

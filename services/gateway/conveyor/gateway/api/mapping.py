@@ -50,9 +50,10 @@ def max_tokens_for(requested: int | None, prompt: PromptTokens, prompt_param: st
     return requested if requested is not None else room
 
 
-def sampling_options(body: GenerationBody, max_tokens: int) -> SamplingOptions:
+def sampling_options(body: GenerationBody, max_tokens: int,
+                     bad_words: list[list[int]] | None = None) -> SamplingOptions:
     """The engine's sampling controls for the body's n samples of one prompt (the engine
-    gives sample i the seed + i)."""
+    gives sample i the seed + i); `bad_words`: the tokenizer's sequences of its bad_words."""
     logprobs, top_logprobs = _logprob_request(body)
     knobs = {knob.name: getattr(body, knob.name) for knob in KNOBS}
     return SamplingOptions(
@@ -61,6 +62,7 @@ def sampling_options(body: GenerationBody, max_tokens: int) -> SamplingOptions:
         logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
         stop_token_ids=list(body.stop_token_ids or []),
         allowed_token_ids=list(body.allowed_token_ids or []),
+        bad_words=bad_words or [],
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
@@ -123,6 +125,7 @@ def render_input(body: ChatCompletionRequest, max_tokens: int | None,
         ),
         truncate_prompt_tokens=body.truncate_prompt_tokens,
         documents_json=json.dumps(body.documents) if body.documents else "",
+        bad_words=list(body.bad_words or []),
     )
 
 

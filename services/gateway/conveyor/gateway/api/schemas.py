@@ -14,6 +14,8 @@ from conveyor.common.sampling_fields import (
     INT32_MAX,
     INT32_MIN,
     KNOBS,
+    MAX_BAD_WORD_CHARS,
+    MAX_BAD_WORDS,
     MAX_TOP_LOGPROBS,
     UINT32_MAX,
     Knob,
@@ -60,6 +62,9 @@ class _SamplingFields(_Knobs):
     stop_token_ids: list[TokenId] | None = None
     allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
     """vLLM's: sample only among these token ids."""
+    bad_words: list[Annotated[str, Field(min_length=1, max_length=MAX_BAD_WORD_CHARS)]] | None \
+        = Field(None, max_length=MAX_BAD_WORDS)
+    """vLLM's: words the output never contains (their token sequences are never completed)."""
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     ignore_eos: bool = False

@@ -32,6 +32,8 @@ class SamplingOptions:
     stop_token_ids: list[int] = field(default_factory=list)
     allowed_token_ids: list[int] = field(default_factory=list)
     """Sample only among these (empty: any token)."""
+    bad_words: list[list[int]] = field(default_factory=list)
+    """Token sequences whose last token is never sampled right after the others."""
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
@@ -269,6 +271,7 @@ def sampling_params(options: SamplingOptions) -> engine_pb2.SamplingParams:
         logit_bias=options.logit_bias,
         stop_token_ids=options.stop_token_ids,
         allowed_token_ids=options.allowed_token_ids,
+        bad_words=[engine_pb2.TokenSequence(ids=ids) for ids in options.bad_words],
         ignore_eos=options.ignore_eos,
         logprobs=options.logprobs,
         top_logprobs=options.top_logprobs,

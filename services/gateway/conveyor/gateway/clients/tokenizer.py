@@ -41,6 +41,8 @@ class RenderInput:
     documents_json: str = ""
     truncate_prompt_tokens: int | None = None
     """Keep only the last k tokens (-1: the last max_model_len); None: all."""
+    bad_words: list[str] = field(default_factory=list)
+    """vLLM's bad_words, tokenized with the prompt (PromptTokens.bad_words)."""
 
 
 @dataclass(slots=True)
@@ -55,6 +57,8 @@ class PromptInput:
     """As RenderInput's."""
     truncate_prompt_tokens: int | None = None
     """As RenderInput's."""
+    bad_words: list[str] = field(default_factory=list)
+    """As RenderInput's."""
 
 
 @dataclass(slots=True)
@@ -64,6 +68,8 @@ class PromptTokens:
     token_ids: list[int]
     prompt_text: str
     max_model_len: int
+    bad_words: list[list[int]] = field(default_factory=list)
+    """The token sequences of the request's bad_words (the tokenizer's)."""
 
     @property
     def num_tokens(self) -> int:
@@ -138,6 +144,7 @@ def render_request(render: RenderInput) -> tokenizer_pb2.RenderRequest:
         max_model_len=render.max_model_len,
         truncate_prompt_tokens=render.truncate_prompt_tokens,
         documents_json=render.documents_json,
+        bad_words=render.bad_words,
     )
 
 
@@ -156,6 +163,7 @@ def tokenize_request(prompt: PromptInput) -> tokenizer_pb2.TokenizeRequest:
     request = tokenizer_pb2.TokenizeRequest(
         add_special_tokens=prompt.add_special_tokens, max_tokens=prompt.max_tokens,
         max_model_len=prompt.max_model_len, truncate_prompt_tokens=prompt.truncate_prompt_tokens,
+        bad_words=prompt.bad_words,
     )
     if prompt.token_ids is not None:
         request.token_ids.ids.extend(prompt.token_ids)
@@ -169,6 +177,7 @@ def prompt_tokens(message: tokenizer_pb2.TokenizeResponse) -> PromptTokens:
         token_ids=list(message.token_ids),
         prompt_text=message.prompt_text,
         max_model_len=message.max_model_len,
+        bad_words=[list(sequence.ids) for sequence in message.bad_words],
     )
 
 
