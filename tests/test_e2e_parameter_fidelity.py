@@ -326,6 +326,16 @@ def test_bad_words_never_complete_in_the_output(stack, client):
         assert not any(out[i:i + len(banned)] == banned for i in range(len(out))), text
 
 
+def test_chat_echo_shows_the_continued_assistant_turn(client):
+    messages = [*MESSAGES, {"role": "assistant", "content": "The sea is"}]
+    response = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=4, temperature=0,
+        extra_body={"echo": True, "continue_final_message": True,
+                    "add_generation_prompt": False})
+    assert response.choices[0].message.content.startswith("The sea is")
+    assert len(response.choices[0].message.content) > len("The sea is")
+
+
 def test_cache_salt_keeps_cached_prefixes_apart(client):
     """vLLM's cache_salt: a prompt cached under one salt is a hit again under that salt
     only."""

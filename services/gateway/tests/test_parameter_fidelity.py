@@ -291,3 +291,15 @@ async def test_return_tokens_as_token_ids_names_every_logprob_token_by_id(gatewa
         **COMPLETION, "logprobs": 1, "stream": True, "return_tokens_as_token_ids": True})).text)
     tokens = [t for c in chunks for t in (c["choices"][0]["logprobs"] or {}).get("tokens", [])]
     assert tokens == ["token_id:72", "token_id:101", "token_id:108"]
+
+
+async def test_chat_echo_puts_the_continued_assistant_turn_before_the_content(gateway):
+    body = {**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "content": "Yo, "}],
+            "continue_final_message": True, "add_generation_prompt": False, "echo": True}
+    [choice] = (await _post(gateway, "/v1/chat/completions", body)).json()["choices"]
+    assert choice["message"]["content"] == "Yo, Hel"
+    chunks = _chunks((await _post(gateway, "/v1/chat/completions",
+                                  {**body, "stream": True})).text)
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "Yo, Hel"
+    plain = (await _post(gateway, "/v1/chat/completions", {**CHAT, "echo": True})).json()
+    assert plain["choices"][0]["message"]["content"] == "Hel"  # the last turn is the user's

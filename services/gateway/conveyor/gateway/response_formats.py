@@ -61,11 +61,11 @@ class OutputOptions:
     """vLLM's prompt_logprobs shown, with this many alternatives (None: not shown)."""
     echo: bool = False
     """Completions: the prompt before each choice's text."""
+    chat_echo: str = ""
+    """Chat: the text before each choice's content (vLLM's echo of an assistant's turn)."""
     token_ids: bool = False
-    """vLLM's return_token_ids: the prompt's token ids (chat: the response's, in the first
-    chunk; completions: each choice's, in its first chunk) and each choice's output token
-    ids (streamed: each chunk's own; a delta whose tokens made no text yet still gets a
-    chunk, so a stream's token_ids add up to the choice's)."""
+    """vLLM's return_token_ids: prompt_token_ids and each choice's token_ids (streamed: each
+    chunk's own, a chunk even for tokens whose text is held back, so they add up)."""
 
 
 @dataclass(slots=True)
@@ -246,8 +246,8 @@ class ChatFormat(ResponseFormat):
         """Choices that streamed a tool call."""
 
     def opening_chunks(self, num_choices: int) -> list[dict]:
-        chunks = [self.chunk_of([_chat_chunk_choice(i, {"role": "assistant", "content": ""})])
-                  for i in range(num_choices)]
+        opening = {"role": "assistant", "content": self.options.chat_echo}
+        chunks = [self.chunk_of([_chat_chunk_choice(i, opening)]) for i in range(num_choices)]
         if self.options.token_ids and chunks:
             chunks[0]["prompt_token_ids"] = self._prompt_of(0).token_ids
         if self.options.continuous_usage:
@@ -285,9 +285,10 @@ class ChatFormat(ResponseFormat):
         return body
 
     def choice(self, index: int, result: ChoiceResult, texts: dict[int, str]) -> dict:
-        message = {"role": "assistant", "content": result.text}
+        content = self.options.chat_echo + result.text
+        message = {"role": "assistant", "content": content}
         if result.tool_calls:
-            message = {"role": "assistant", "content": result.text or None,
+            message = {"role": "assistant", "content": content or None,
                        "tool_calls": result.tool_calls}
         choice = {
             "index": index,

@@ -81,7 +81,8 @@ def output_options(body: GenerationBody) -> OutputOptions:
         served_tier=body.served_tier,
         num_prompt_logprobs=body.prompt_logprobs,
         token_ids=body.return_token_ids,
-        echo=isinstance(body, CompletionRequest) and body.echo)
+        echo=isinstance(body, CompletionRequest) and body.echo,
+        chat_echo=body.echoed_text if isinstance(body, ChatCompletionRequest) else "")
 
 
 def num_top_logprobs(body: GenerationBody) -> int | None:

@@ -271,6 +271,18 @@ class ChatCompletionRequest(OpenAIOptions, _SamplingFields):
     documents: list[dict[str, str]] | None = None
     """vLLM's: a RAG request's sources, for templates that read them (else written into
     the system message by the tokenizer)."""
+    echo: bool = False
+    """vLLM's: an assistant's last message (the one the model continues) before each
+    choice's content."""
+
+    @property
+    def echoed_text(self) -> str:
+        """What echo puts before each choice's content ("" unless the last message is the
+        assistant's)."""
+        last = self.messages[-1]
+        if not self.echo or last.role != "assistant":
+            return ""
+        return last.text or "".join(last.text_parts)
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):
