@@ -230,6 +230,22 @@ def test_sigterm_hands_the_rest_back_at_once(gateway, keys, worker):
     assert_each_line_once(client, gateway, keys["a"], batch, lines)
 
 
+def test_responses_lines_run_and_count_their_usage(gateway, keys, worker):
+    worker()
+    client = client_of(gateway, keys["b"])
+    lines = [{"custom_id": f"resp-{i}", "method": "POST", "url": "/v1/responses",
+              "body": {"model": MODEL, "input": f"Say the number {i}.", "max_output_tokens": 4,
+                       "temperature": 0}} for i in range(3)]
+    batch = wait_for(client, submit(client, lines, "/v1/responses").id, finished)
+    output = read_lines(client, batch.output_file_id)
+    assert [o["custom_id"] for o in output] == ["resp-0", "resp-1", "resp-2"]
+    bodies = [o["response"]["body"] for o in output]
+    assert all(b["object"] == "response" and b["output"] for b in bodies)
+    usage = usage_of(gateway, keys["b"], batch.id)
+    assert usage["input_tokens"] == sum(b["usage"]["input_tokens"] for b in bodies) > 0
+    assert usage["output_tokens"] == sum(b["usage"]["output_tokens"] for b in bodies) > 0
+
+
 def test_cli_runs_a_file_to_its_output(gateway, keys, worker, tmp_path):
     worker()
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"

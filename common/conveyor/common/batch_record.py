@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 """The endpoints a batch may target."""
 COMPLETION_WINDOW = "24h"
 COMPLETION_WINDOW_S = 24 * 3600

@@ -1,7 +1,7 @@
 """Sending one batch line to the gateway, as a batch line of its batch's tenant.
 
-The line goes to the gateway's own `/v1/chat/completions` or `/v1/completions`
-(non-streaming), so it runs through the same pipeline as interactive traffic:
+The line goes to the gateway's own `/v1/chat/completions`, `/v1/completions` or
+`/v1/responses` (non-streaming), so it runs through the same pipeline as interactive traffic:
 tokenizer, routing, engine (at the tier's batch priority), detok. A 503 (no
 capacity now) or a gateway out of reach is not the line's fault: the sender
 waits (the Retry-After, growing up to max_backoff_s) and sends it again.
@@ -84,9 +84,12 @@ def _result(line: InputLine, response: httpx.Response) -> LineResult:
 
 
 def _usage(response: httpx.Response) -> LineUsage:
+    """The line's usage, in chat's and completions' names or the Responses API's."""
     try:
         usage = response.json().get("usage") or {}
     except (ValueError, AttributeError):
         return LineUsage()
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return LineUsage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), cached)
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+    return LineUsage(usage.get("prompt_tokens", usage.get("input_tokens", 0)),
+                     usage.get("completion_tokens", usage.get("output_tokens", 0)),
+                     details.get("cached_tokens") or 0)
