@@ -336,6 +336,19 @@ def test_chat_echo_shows_the_continued_assistant_turn(client):
     assert len(response.choices[0].message.content) > len("The sea is")
 
 
+def test_tokenize_counts_a_conversation_with_tools_as_chat_does(stack, client):
+    """vLLM's /tokenize takes chat's template fields: its count is the prompt_tokens the
+    same conversation with tools and documents is billed."""
+    extra = {"tools": [WEATHER_TOOL], "documents": [{"text": "Rain in Oslo today."}]}
+    counted = httpx.post(f"{stack.base_url}/tokenize",
+                         json={"messages": MESSAGES, **extra}).json()["count"]
+    plain = httpx.post(f"{stack.base_url}/tokenize", json={"messages": MESSAGES}).json()["count"]
+    served = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1,
+                                            tools=extra["tools"],
+                                            extra_body={"documents": extra["documents"]})
+    assert counted == served.usage.prompt_tokens > plain
+
+
 def test_cache_salt_keeps_cached_prefixes_apart(client):
     """vLLM's cache_salt: a prompt cached under one salt is a hit again under that salt
     only."""

@@ -36,14 +36,14 @@ from redis.exceptions import RedisError
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from conveyor.gateway.api.mapping import GenerationBody, chat_turns
+from conveyor.gateway.api.mapping import GenerationBody, conversation_input
 from conveyor.gateway.api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from conveyor.gateway.clients.tokenizer import PromptInput, RenderInput
+from conveyor.gateway.clients.tokenizer import PromptInput
 from conveyor.gateway.endpoints import CHAT, COMPLETIONS, EndpointKind
 from conveyor.gateway.errors import (
     ClientDisconnected,
@@ -307,9 +307,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     async def work(pipeline: Pipeline) -> dict:
         model = await pipeline.catalog.resolve(body.model, await viewer_of(pipeline, request))
         if body.messages is not None:
-            prompt = await pipeline.tokenizer.render(RenderInput(
-                chat_turns(body.messages), add_generation_prompt=body.add_generation_prompt,
-                max_model_len=model.max_model_len))
+            prompt = await pipeline.tokenizer.render(conversation_input(body, model))
         else:
             prompt = await pipeline.tokenizer.tokenize(PromptInput(
                 text=body.prompt, add_special_tokens=body.add_special_tokens,

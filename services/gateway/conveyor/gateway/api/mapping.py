@@ -5,10 +5,11 @@ the tokenizer's input (`render_input`), and what its response shows (`output_opt
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from conveyor.common.sampling_fields import KNOBS
 from conveyor.gateway.api.fields import StreamOptions
-from conveyor.gateway.api.schemas import ChatCompletionRequest, CompletionRequest
+from conveyor.gateway.api.schemas import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from conveyor.gateway.api.tools import ChatMessage
 from conveyor.gateway.clients.detok import DetokOptions, ToolCallParsing
 from conveyor.gateway.clients.engine import SamplingOptions
@@ -112,9 +113,16 @@ def detok_options(body: GenerationBody, request_id: str,
 def render_input(body: ChatCompletionRequest, max_tokens: int | None,
                  model: ServedModel) -> RenderInput:
     """The conversation to render, checked against `model`'s max_model_len."""
+    return replace(conversation_input(body, model), max_tokens=max_tokens or 0,
+                   truncate_prompt_tokens=body.truncate_prompt_tokens,
+                   bad_words=list(body.bad_words or []))
+
+
+def conversation_input(body: ChatCompletionRequest | TokenizeRequest,
+                       model: ServedModel) -> RenderInput:
+    """What the chat template renders (the fields chat and /tokenize share)."""
     return RenderInput(
         messages=chat_turns(body.messages),
-        max_tokens=max_tokens or 0,
         max_model_len=model.max_model_len,
         add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
         continue_final_message=body.continue_final_message,
@@ -124,9 +132,7 @@ def render_input(body: ChatCompletionRequest, max_tokens: int | None,
         chat_template_kwargs_json=(
             json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else ""
         ),
-        truncate_prompt_tokens=body.truncate_prompt_tokens,
         documents_json=json.dumps(body.documents) if body.documents else "",
-        bad_words=list(body.bad_words or []),
     )
 
 

@@ -360,11 +360,18 @@ class CompletionRequest(_SamplingFields):
 
 
 class TokenizeRequest(RequestBody):
+    """vLLM's /tokenize: a prompt, or a conversation with the template fields chat has."""
+
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    documents: list[dict[str, str]] | None = None
 
     @model_validator(mode="after")
     def _prompt_or_messages(self):
