@@ -9,7 +9,7 @@ from conveyor.engine.sampling.logits_processors import TOP_P_CANDIDATES, apply_t
 from conveyor.engine.sampling.sampling_batch import SamplingBatch
 from conveyor.engine.sampling_params import SamplingParams
 
-VOCAB = 2048
+VOCAB = 16384
 
 
 def batch_of(*params: SamplingParams) -> SamplingBatch:
@@ -35,18 +35,20 @@ def kept_by_sorting(row: torch.Tensor, top_k: int, top_p: float) -> set[int]:
 
 def test_matches_a_full_sort_near_and_far_from_the_candidates():
     generator = torch.Generator().manual_seed(0)
-    # peaked rows (the top_p mass within the first candidates) and flat ones (far beyond)
-    logits = torch.cat([torch.randn(4, VOCAB, generator=generator) * 4,
-                        torch.randn(4, VOCAB, generator=generator) * 0.1])
-    knobs = [(0, 0.9), (50, 0.9), (5, 1.0), (0, 0.5)] * 2
+    # peaked rows (the top_p mass within the first candidates), rows whose mass lies in the
+    # second tier of candidates, and flat ones (beyond every tier: a full sort)
+    logits = torch.cat([torch.randn(4, VOCAB, generator=generator) * scale
+                        for scale in (4.0, 2.5, 0.1)])
+    knobs = [(0, 0.9), (50, 0.9), (5, 1.0), (0, 0.5)] * 3
     out = logits.clone()
     apply_top_k_top_p(out, batch_of(*(SamplingParams(temperature=1.0, top_k=k, top_p=p)
                                       for k, p in knobs)))
     for row, (k, p) in enumerate(knobs):
         assert {int(i) for i in out[row].isfinite().nonzero()} == \
             kept_by_sorting(logits[row], k, p), (row, k, p)
-    flat_kept = out[4].isfinite().sum().item()
-    assert flat_kept > TOP_P_CANDIDATES, "a flat row's nucleus lies beyond the candidates"
+    first, second = TOP_P_CANDIDATES
+    assert first < out[4].isfinite().sum().item() <= second, "a nucleus in the second tier"
+    assert out[8].isfinite().sum().item() > second, "a flat row's nucleus beyond every tier"
 
 
 def test_neutral_rows_beside_filtered_ones_keep_everything():

