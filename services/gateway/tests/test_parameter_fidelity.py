@@ -276,9 +276,10 @@ async def test_allowed_token_ids_go_to_the_engine_and_an_empty_list_is_refused(g
     assert served.status_code == 200, served.text
     [request] = gateway.fakes.engine.requests
     assert list(request.sampling.allowed_token_ids) == [72, 9]
-    error = _refusal(await _post(gateway, "/v1/completions",
-                                 {**COMPLETION, "allowed_token_ids": []}))
-    assert error["param"] == "allowed_token_ids"
+    for ids in ([], [10**6], [1] * 10**5):  # none, outside the vocabulary, more than it holds
+        error = _refusal(await _post(gateway, "/v1/completions",
+                                     {**COMPLETION, "allowed_token_ids": ids}))
+        assert error["param"] == "allowed_token_ids"
 
 
 async def test_return_tokens_as_token_ids_names_every_logprob_token_by_id(gateway):

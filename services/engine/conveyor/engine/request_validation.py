@@ -94,16 +94,20 @@ def _check_bad_words(params) -> None:
 
 
 def _check_allowed_tokens(params, info: EngineInfo) -> None:
-    """allowed_token_ids that leave a step nothing to sample: under a structured output
-    (whose grammar may allow none of them at some step), or ending the request before
-    min_tokens (every one of them a stop id or EOS)."""
-    if not params.allowed_token_ids:
-        return
-    if params.structured_outputs is not None:
+    """Masks that could leave a step nothing to sample (a row of -inf breaks the draw):
+    allowed_token_ids under a structured output (whose grammar may allow none of them at
+    some step); and every token a first step may take banned (outside allowed_token_ids, a
+    one-token bad word, or a stop id or EOS while min_tokens holds the request open)."""
+    if params.allowed_token_ids and params.structured_outputs is not None:
         raise InvalidRequestError("allowed_token_ids cannot be combined with a structured "
                                   "output (response_format, structured_outputs, guided_* or "
                                   "a tool call that must be made)")
-    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(info.eos_token_ids))
-    if params.min_tokens and set(params.allowed_token_ids) <= stops:
-        raise InvalidRequestError("allowed_token_ids holds only stop and EOS tokens, which "
-                                  f"min_tokens {params.min_tokens} forbids")
+    banned = {s[0] for s in params.bad_words if len(s) == 1}
+    if params.min_tokens:
+        banned |= set(params.stop_token_ids) | (set() if params.ignore_eos
+                                                 else set(info.eos_token_ids))
+    left = (len(set(params.allowed_token_ids) - banned) if params.allowed_token_ids
+            else info.vocab_size - len(banned))
+    if left < 1:
+        raise InvalidRequestError("allowed_token_ids, bad_words, stop_token_ids and EOS under "
+                                  f"min_tokens {params.min_tokens} leave no token to sample")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor.common.sampling_fields import MAX_TOP_LOGPROBS, SamplingKnobs, knob_problem
 
@@ -33,7 +33,10 @@ class SamplingParams(SamplingKnobs):
     min_tokens: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
     allowed_token_ids: list[int] = field(default_factory=list)
-    """vLLM's: sample only among these (empty: any token)."""
+    """vLLM's: sample only among these (empty: any token); kept sorted, each id once."""
+    allowed_ids: Any = field(default=None, init=False, repr=False, compare=False)
+    """allowed_token_ids as a tensor, made once by the sampler (which masks with it every
+    step); None until then. This module stays torch-free: the scheduler imports it."""
     bad_words: list[list[int]] = field(default_factory=list)
     """vLLM's bad_words as token sequences: a sequence's last token is never sampled right
     after its other tokens (a one-token sequence: never)."""
@@ -46,6 +49,8 @@ class SamplingParams(SamplingKnobs):
 
     def __post_init__(self) -> None:
         self.validate()
+        if self.allowed_token_ids:
+            self.allowed_token_ids = sorted(set(self.allowed_token_ids))
 
     @property
     def is_greedy(self) -> bool:

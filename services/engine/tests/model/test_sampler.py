@@ -137,7 +137,8 @@ def test_logit_bias_added_and_steers_greedy():
 
 
 def test_allowed_token_ids_keep_a_rows_draws_among_them_and_leave_others_alone():
-    allowed = SamplingParams(temperature=0.0, allowed_token_ids=[3, 5], logprobs=True)
+    allowed = SamplingParams(temperature=0.0, allowed_token_ids=[5, 3, 5], logprobs=True)
+    assert allowed.allowed_token_ids == [3, 5]  # sorted, each id once
     [[greedy], [other]] = sampler().sample(LOGITS.repeat(2, 1),
                                            [request(allowed), request(SamplingParams(
                                                temperature=0.0), rid="o")])

@@ -67,16 +67,18 @@ async def test_malformed_generate_requests_finish_or_are_invalid_argument(stub, 
     ({"repetition_penalty": float("inf")}, "repetition_penalty must be a finite number"),
     ({"stop_token_ids": [2**32 - 1]}, "stop_token_ids token id 4294967295 is out of range"),
     ({"allowed_token_ids": [2**32 - 1]}, "allowed_token_ids token id 4294967295 is out of "),
-    ({"allowed_token_ids": [5], "stop_token_ids": [5], "min_tokens": 1},
-     "allowed_token_ids holds only stop and EOS tokens"),
+    ({"allowed_token_ids": [5, 5], "stop_token_ids": [5], "min_tokens": 1},
+     "leave no token to sample"),
+    ({"stop_token_ids": range(99), "bad_words": [engine_pb2.TokenSequence(ids=[99])],
+      "min_tokens": 1}, "leave no token to sample"),  # the whole vocabulary of 100
     ({"bad_words": [engine_pb2.TokenSequence(ids=[1, 2**32 - 1])]},
      "bad_words token id 4294967295 is out of range"),
     ({"bad_words": [engine_pb2.TokenSequence(ids=[])]}, "bad_words must be at most 128 "),
     ({"bad_words": [engine_pb2.TokenSequence(ids=[5])], "allowed_token_ids": [5, 6]},
      "bad_words cannot be combined with allowed_token_ids"),
 ])
-async def test_non_finite_floats_and_foreign_stop_ids_are_invalid_argument(stub, sampling,
-                                                                           message):
+async def test_non_finite_floats_foreign_ids_and_empty_masks_are_invalid_argument(
+        stub, sampling, message):
     request = engine_pb2.GenerateRequest(request_id="bad", prompt_token_ids=[1, 2],
                                          sampling=engine_pb2.SamplingParams(max_tokens=2,
                                                                             **sampling))

@@ -174,11 +174,13 @@ def _logit_bias(params, device: torch.device) -> TokenMask | None:
 
 
 def _allowed_tokens(params, device: torch.device) -> TokenMask | None:
-    pairs = [(row, token) for row, p in enumerate(params) for token in p.allowed_token_ids]
-    if not pairs:
+    """The rows' allowed ids from each request's own tensor (made at its first step)."""
+    rows = [(row, _allowed_ids(p)) for row, p in enumerate(params) if p.allowed_token_ids]
+    if not rows:
         return None
-    rows, tokens = zip(*pairs, strict=True)
-    return TokenMask(_on_device(rows, device), _on_device(tokens, device))
+    counts = torch.tensor([len(ids) for _, ids in rows])
+    row_ids = torch.repeat_interleave(torch.tensor([row for row, _ in rows]), counts)
+    return TokenMask(_moved(row_ids, device), _moved(torch.cat([ids for _, ids in rows]), device))
 
 
 def _bad_words_mask(requests: Sequence[ScheduledRequest],
@@ -195,6 +197,12 @@ def _bad_words_mask(requests: Sequence[ScheduledRequest],
         return None
     rows, tokens = zip(*pairs, strict=True)
     return TokenMask(_on_device(rows, device), _on_device(tokens, device))
+
+
+def _allowed_ids(params: SamplingParams) -> torch.Tensor:
+    if params.allowed_ids is None:
+        params.allowed_ids = torch.tensor(params.allowed_token_ids, dtype=torch.long)
+    return params.allowed_ids
 
 
 def _min_tokens_mask(requests: Sequence[ScheduledRequest], eos_token_ids: Sequence[int],

@@ -27,6 +27,12 @@ def check_limits(body: GenerationBody, model: ServedModel, max_n: int) -> None:
         raise bad_request(f"n must be at most {max_n}, got {body.n}", "n")
     for token_id in body.stop_token_ids or []:
         _check_token_id(token_id, model, "stop_token_ids")
+    allowed = body.allowed_token_ids or []
+    if len(allowed) > model.vocab_size:
+        raise bad_request(f"allowed_token_ids holds {len(allowed)} ids; the vocabulary has "
+                          f"{model.vocab_size}", "allowed_token_ids")
+    for token_id in allowed:
+        _check_token_id(token_id, model, "allowed_token_ids")
     for key in body.logit_bias or {}:
         _check_token_id(int(key), model, "logit_bias")
 

@@ -90,10 +90,12 @@ class Tenant:
         return f"tenant:{self.tenant_id}"
 
     def cache_salt_with(self, request_salt: str | None) -> str:
-        """The salt of a request that sent its own (vLLM's cache_salt): the tenant's and
-        the request's as a JSON pair, which no tenant's salt alone can equal."""
-        return self.cache_salt if request_salt is None else json.dumps([self.cache_salt,
-                                                                         request_salt])
+        """The salt of a request that sent its own (vLLM's cache_salt): the tenant's id and
+        the request's salt as a JSON pair, which no tenant's salt alone can equal; a tier
+        that shares its cache globally shares none of a salted request's."""
+        if request_salt is None:
+            return self.cache_salt
+        return json.dumps([f"tenant:{self.tenant_id}", request_salt])
 
 
 def key_digest(key: str) -> str:
