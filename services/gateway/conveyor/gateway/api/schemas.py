@@ -84,8 +84,8 @@ class _SamplingFields(_Knobs):
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT32_MAX)
     """vLLM's: keep only the prompt's last k tokens (-1: the last max_model_len)."""
     cache_salt: str | None = Field(None, min_length=1)
-    """vLLM's: mixed into the prefix cache's keys (with the tenant's own salt), so only
-    requests with the same salt share cached blocks."""
+    """vLLM's: mixed into the prefix cache's keys with the tenant's id, so only the tenant's
+    requests with the same salt share cached blocks (Tenant.cache_salt_with)."""
     response_format: ResponseFormatField | None = None
     structured_outputs: StructuredOutputsParams | None = None
     guided_json: dict[str, Any] | str | None = None
