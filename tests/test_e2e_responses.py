@@ -8,7 +8,9 @@ model, the real Redis.
 - text.format json_schema: the output parses and validates;
 - a three-turn previous_response_id chain whose prompts reuse the prefix cache
   (cached tokens reported);
-- another tenant's key gets 404 for a stored response's id.
+- another tenant's key gets 404 for a stored response's id;
+- background: queued at once, polled to the same answer a plain request gets; cancelled
+  mid-generation, the engine left idle with every KV block free.
 
 tool_choice required and text.format json_schema ask the engine for a constraint: they
 pass once the engine's constrained decoding (issue 29) is merged.
@@ -22,7 +24,7 @@ import uuid
 
 import jsonschema
 import pytest
-from openai import NotFoundError, OpenAI
+from openai import AsyncOpenAI, NotFoundError, OpenAI
 from redis.asyncio import Redis
 
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
@@ -175,3 +177,41 @@ def test_another_tenant_gets_404_for_a_stored_response(stack, auth_client):
     owner.responses.delete(response.id)
     with pytest.raises(NotFoundError):
         owner.responses.retrieve(response.id)
+
+
+async def _settled(client: AsyncOpenAI, response_id: str, timeout_s: float = 120.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while (response := await client.responses.retrieve(response_id)).status in (
+            "queued", "in_progress"):
+        assert loop.time() < deadline, f"still {response.status}"
+        await asyncio.sleep(0.05)
+    return response
+
+
+async def test_a_background_response_is_polled_to_the_plain_answer(stack):
+    client = AsyncOpenAI(base_url=stack.api_url, api_key="unused-locally", max_retries=0)
+    request = {"model": MODEL, "input": "Name three colours.", "max_output_tokens": 12,
+               "temperature": 0}
+    queued = await client.responses.create(**request, background=True)
+    assert queued.status == "queued" and queued.background
+    done = await _settled(client, queued.id)
+    plain = await client.responses.create(**request)
+    assert done.status == plain.status and done.output_text == plain.output_text != ""
+    assert done.usage.output_tokens == plain.usage.output_tokens
+
+
+async def test_cancelling_a_background_response_frees_the_engine(stack, engine_client,
+                                                                 idle_engine):
+    client = AsyncOpenAI(base_url=stack.api_url, api_key="unused-locally", max_retries=0)
+    queued = await client.responses.create(model=MODEL, input="Count from one to one thousand.",
+                                           max_output_tokens=400, background=True)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while (await engine_client.stats()).num_running == 0:
+        assert loop.time() < deadline, "the background response never started"
+        await asyncio.sleep(0.02)
+    assert (await client.responses.cancel(queued.id)).status == "cancelled"
+    stats = await idle_engine(30.0)
+    assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks
+    assert (await client.responses.retrieve(queued.id)).status == "cancelled"

@@ -27,6 +27,13 @@ def test_each_bad_line_is_reported_with_its_number():
     assert result.errors[0].to_openai()["line"] == 2
 
 
+def test_a_background_response_line_is_refused():
+    raw = line("a", url="/v1/responses", background=True)
+    result = validate_input(io.BytesIO(raw), "/v1/responses", chunk_size=10)
+    assert [(e.code, e.line, e.param) for e in result.errors] == [
+        ("invalid_request", 1, "body.background")]
+
+
 def test_an_empty_file_is_an_error():
     result = validate_input(io.BytesIO(b"\n\n"), URL, chunk_size=10)
     assert [e.code for e in result.errors] == ["empty_file"]

@@ -112,6 +112,9 @@ def _check(line: InputLine, endpoint: str, seen: set[str], number: int) -> LineE
     if line.body.get("stream"):
         return LineError("invalid_request", "Streaming is not supported in a batch "
                          "(`stream` must be false or absent).", number, "body.stream")
+    if line.body.get("background"):
+        return LineError("invalid_request", "Background responses are not run in a batch "
+                         "(`background` must be false or absent).", number, "body.background")
     if line.custom_id in seen:
         return LineError("duplicate_custom_id", f"The custom_id {line.custom_id!r} is used "
                          "by an earlier line; each must be unique.", number, "custom_id")

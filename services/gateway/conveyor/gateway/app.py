@@ -20,6 +20,7 @@ from conveyor.gateway.observability import RequestSpanMiddleware
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.probes import router as probes_router
 from conveyor.gateway.responses.api import router as responses_router
+from conveyor.gateway.responses.background import BackgroundResponses
 from conveyor.gateway.routes import router
 from conveyor.gateway.settings import GatewaySettings
 from conveyor.gateway.validation_errors import validation_error
@@ -28,16 +29,20 @@ log = logging.getLogger("conveyor.gateway")
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
-    """The gateway app; its pipeline (gRPC channels) opens at startup and closes at shutdown."""
+    """The gateway app; its pipeline (gRPC channels) opens at startup and closes at shutdown,
+    after the background responses still running (cancelled then)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.pipeline = Pipeline.connect(settings)
-        attach_batch_metrics(app.state.pipeline)
+        app.state.pipeline = pipeline = Pipeline.connect(settings)
+        app.state.background = BackgroundResponses(pipeline.responses,
+                                                   settings.responses_lease_s)
+        attach_batch_metrics(pipeline)
         try:
             yield
         finally:
-            await app.state.pipeline.close()
+            await app.state.background.close()
+            await pipeline.close()
 
     app = FastAPI(title="Conveyor", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.include_router(router)

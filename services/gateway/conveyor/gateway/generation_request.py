@@ -106,9 +106,9 @@ class GenerationRequest:
     """A generation request in flight and everything it holds (see the module doc)."""
 
     def __init__(self, pipeline: Pipeline, kind: EndpointKind, body: GenerationBody,
-                 headers: Mapping[str, str]):
+                 headers: Mapping[str, str], request_id: str | None = None):
         self.pipeline, self.kind, self.body = pipeline, kind, body
-        self.request_id = f"{kind.id_prefix}-{uuid.uuid4().hex}"
+        self.request_id = request_id or f"{kind.id_prefix}-{uuid.uuid4().hex}"
         request_id_var.set(self.request_id)
         self.deadline = asyncio.get_running_loop().time() + pipeline.settings.request_timeout_s
         self.response_headers = {"X-Request-Id": self.request_id}

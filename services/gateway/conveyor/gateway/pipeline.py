@@ -33,7 +33,7 @@ class Pipeline:
     """Clients of tokenizer, engines, detok and Redis, plus the gateway's own pieces.
 
     `draining` is set on SIGTERM: /health turns 503 and new requests are refused
-    while the ones in flight finish.
+    while the ones in flight (background responses included) finish.
     """
 
     settings: GatewaySettings

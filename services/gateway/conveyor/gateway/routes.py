@@ -29,7 +29,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from fastapi import APIRouter, Request
 from redis.exceptions import RedisError
@@ -116,16 +116,16 @@ async def _absorb_cancellation() -> None:
 class GenerationResponse(Response):
     """Serves one chat or completions request (see the module doc)."""
 
-    def __init__(self, pipeline: Pipeline, request: Request, body: GenerationBody,
-                 kind: EndpointKind):
+    def __init__(self, pipeline: Pipeline, headers: Mapping[str, str], body: GenerationBody,
+                 kind: EndpointKind, request_id: str | None = None):
         self.status_code = 200
         self.background = None
-        self._pipeline, self._headers, self._body, self._kind = (
-            pipeline, request.headers, body, kind)
+        self._pipeline, self._headers, self._body, self._kind = pipeline, headers, body, kind
+        self._request_id = request_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with GenerationRequest(self._pipeline, self._kind, self._body,
-                                     self._headers) as request:
+        async with GenerationRequest(self._pipeline, self._kind, self._body, self._headers,
+                                     self._request_id) as request:
             writer = _Writer(send, request)
             failure = await _serve_watched(writer, receive)
             if failure is None:
@@ -256,12 +256,12 @@ def pipeline_of(request: Request) -> Pipeline:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return GenerationResponse(pipeline_of(request), request, body, CHAT)
+    return GenerationResponse(pipeline_of(request), request.headers, body, CHAT)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    return GenerationResponse(pipeline_of(request), request, body, COMPLETIONS)
+    return GenerationResponse(pipeline_of(request), request.headers, body, COMPLETIONS)
 
 
 @router.get("/v1/models")

@@ -63,8 +63,11 @@ class GatewayServer(uvicorn.Server):
         return await super().on_tick(counter)
 
     def _drained(self) -> bool:
-        """Nothing in flight any more, or the drain timeout is up."""
-        return not self.server_state.tasks or time.monotonic() >= self._drain_deadline
+        """Nothing in flight any more (background responses included), or the drain
+        timeout is up."""
+        background = getattr(self._app.state, "background", None)
+        idle = not self.server_state.tasks and not (background and background.running)
+        return idle or time.monotonic() >= self._drain_deadline
 
 
 def main() -> None:

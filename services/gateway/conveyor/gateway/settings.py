@@ -81,6 +81,11 @@ class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings, BatchAp
         "default) and its conversation are kept for GET /v1/responses/{id} and "
         "previous_response_id."
     )
+    responses_lease_s: float = Field(
+        10.0, gt=0, description="Seconds a background response's run stays leased to the "
+        "gateway replica generating it (renewed every tenth of it); a replica that dies "
+        "leaves its responses failed once their leases run out."
+    )
     max_body_bytes: int = Field(
         4 * 1024 * 1024, ge=1, description="Largest request body in bytes; a larger one gets 413 "
         "before it is read."

@@ -1,6 +1,7 @@
-"""POST /v1/responses (served on the generation path, as chat requests are),
-GET /v1/responses/{id}, GET /v1/responses/{id}/input_items and DELETE /v1/responses/{id}
-(the caller's stored responses)."""
+"""POST /v1/responses (served on the generation path, as chat requests are, or in the
+background: background.py), GET /v1/responses/{id}, GET /v1/responses/{id}/input_items,
+POST /v1/responses/{id}/cancel and DELETE /v1/responses/{id} (the caller's stored
+responses)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from starlette.responses import Response
 
 from conveyor.gateway.errors import error_response
 from conveyor.gateway.pipeline import Pipeline
+from conveyor.gateway.responses.background import BackgroundResponses
 from conveyor.gateway.responses.conversation import chat_request
 from conveyor.gateway.responses.endpoint import RESPONSES
 from conveyor.gateway.responses.input_items import (
@@ -25,13 +27,20 @@ from conveyor.gateway.validation_errors import validation_error
 router = APIRouter()
 
 
+def background_of(request: Request) -> BackgroundResponses:
+    return request.app.state.background
+
+
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     try:
         chat = chat_request(body)
     except ValidationError as error:  # a value chat refuses that the Responses body let by
         return error_response(validation_error(error.errors()))
-    return GenerationResponse(pipeline_of(request), request, chat, RESPONSES)
+    if body.background:
+        return await serve_simple(request, "responses", lambda pipeline: background_of(
+            request).start(pipeline, request.headers, chat))
+    return GenerationResponse(pipeline_of(request), request.headers, chat, RESPONSES)
 
 
 @router.get("/v1/responses/{response_id}")
@@ -54,6 +63,16 @@ async def list_input_items(response_id: str, request: Request, after: str | None
         tenant = await pipeline.admitter.authenticate(request.headers)
         stored = await pipeline.responses.get(tenant.tenant_id, response_id)
         return items_page(input_items(stored), after, limit, order)
+
+    return await serve_simple(request, "responses", work)
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, request: Request) -> Response:
+    """Cancel a background response of the caller's tenant that is still running."""
+    async def work(pipeline: Pipeline) -> dict:
+        tenant = await pipeline.admitter.authenticate(request.headers)
+        return await background_of(request).cancel(tenant.tenant_id, response_id)
 
     return await serve_simple(request, "responses", work)
 

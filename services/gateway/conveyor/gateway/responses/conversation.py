@@ -57,6 +57,8 @@ class ResponsesTurn:
     """The stored conversation of previous_response_id (none without one)."""
     stored: StoredResponse | None = None
     """What to store, set by the format when the response is complete."""
+    created_at: int | None = None
+    """When a background response was created (its Response keeps that time)."""
 
     @property
     def instructions(self) -> list[ChatMessage]:
@@ -69,16 +71,19 @@ class ResponsesTurn:
         return [*self.instructions, *self.history, *self.input_messages]
 
     async def continue_from(self, store: ResponseStore, tenant_id: str) -> None:
-        """Load the conversation of previous_response_id (404 if the tenant has none)."""
+        """Load the conversation of previous_response_id (404 if the tenant has none, 400
+        if it is not complete); once (a background response loads it when created)."""
         previous_id = self.request.previous_response_id
-        if previous_id is not None:
-            previous = await store.get(tenant_id, previous_id, "previous_response_id")
+        if previous_id is not None and not self.history:
+            previous = await store.get_answered(tenant_id, previous_id, "previous_response_id")
             self.history = [ChatMessage.model_validate(m) for m in previous.conversation]
 
-    def conversation_with(self, answer: ChatMessage) -> list[dict]:
-        """The conversation to store with the response: all but the instructions."""
+    def conversation_with(self, answer: ChatMessage | None) -> list[dict]:
+        """The conversation to store with the response: all but the instructions (and
+        no answer yet while a background response waits)."""
+        answers = [answer] if answer is not None else []
         return [m.model_dump(exclude_none=True)
-                for m in (*self.history, *self.input_messages, answer)]
+                for m in (*self.history, *self.input_messages, *answers)]
 
 
 class ResponsesChat(ChatCompletionRequest):

@@ -41,7 +41,8 @@ def input_items(stored: StoredResponse) -> list[dict]:
     """The response's input items, oldest first."""
     name = stored.response["id"].removeprefix("resp-")
     items: list[dict] = []
-    for message in stored.conversation[:-1]:  # the last message is the response's answer
+    inputs = stored.conversation[:-1] if stored.answered else stored.conversation
+    for message in inputs:  # an answered conversation's last message is the answer
         for item in _items_of(message):
             prefix = {"message": "msg", "function_call": "fc"}.get(item["type"], "fco")
             items.append({"id": f"{prefix}_{name}_{len(items)}", **item, "status": "completed"})

@@ -72,6 +72,7 @@ class ResponsesFormat(ResponseFormat):
                  options: OutputOptions, prompts: list[PromptTokens], turn: ResponsesTurn):
         super().__init__(response_id, model, num_top_logprobs, options, prompts)
         self.turn = turn
+        self.created = turn.created_at or self.created
         self._items: list[_Item] = []
         self._open: _Item | None = None
         self._sequence_number = 0
@@ -109,7 +110,7 @@ class ResponsesFormat(ResponseFormat):
     def error_chunks(self, error: APIError) -> list[dict]:
         failed = self._response("failed", [item.as_dict("incomplete") for item in self._items],
                                 None)
-        failed["error"] = {"code": _failure_code(error), "message": error.message}
+        failed["error"] = response_error(error)
         return [{"type": "error", "code": error.code, "message": error.message,
                  "param": error.param},
                 {"type": "response.failed", "response": failed}]
@@ -203,13 +204,17 @@ class ResponsesFormat(ResponseFormat):
                  for item in self._items if item.type == "function_call"]
         return ChatMessage(role="assistant", content=text or None, tool_calls=calls or None)
 
+    def queued(self) -> dict:
+        """The response of a background request as created: queued, no output yet."""
+        return self._response("queued", [], None)
+
     def _response(self, status: str, output: list[dict], usage: dict | None) -> dict:
         request = self.turn.request
         text = request.text
         return {
             "id": self.response_id, "object": "response", "created_at": self.created,
             "status": status, "completed_at": time.time() if status == "completed" else None,
-            "background": False, "error": None, "incomplete_details": None,
+            "background": bool(request.background), "error": None, "incomplete_details": None,
             "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
             "max_tool_calls": request.max_tool_calls, "model": self.model, "output": output,
             "parallel_tool_calls": request.parallel_tool_calls,
@@ -238,11 +243,13 @@ class ResponsesFormat(ResponseFormat):
         return chat_logprobs(token_ids, logprobs, texts, self.num_top_logprobs)["content"]
 
 
-def _failure_code(error: APIError) -> str:
-    """The Response error code (OpenAI's short list) of a failure."""
+def response_error(error: APIError) -> dict:
+    """A failed Response's `error`: its code (OpenAI's short list) and message."""
     if error.status == 429:
-        return "rate_limit_exceeded"
-    return "invalid_prompt" if 400 <= error.status < 500 else "server_error"
+        code = "rate_limit_exceeded"
+    else:
+        code = "invalid_prompt" if 400 <= error.status < 500 else "server_error"
+    return {"code": code, "message": error.message}
 
 
 def _status(usage: UsageTotals) -> str:

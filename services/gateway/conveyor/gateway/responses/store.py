@@ -2,30 +2,73 @@
 
     {prefix}:response:{tenant}:{response_id}   STRING  JSON {"response": <the Response
                                                object>, "conversation": [<chat messages>]}
+    {prefix}:response-run:{tenant}:{id}        HASH    status, lease_until, error: a
+                                               background response not finished yet
 
 `conversation` is every message of the exchange but the instructions (the earlier
-turns, this turn's input, this turn's output), which a later request continues with
-`previous_response_id`; OpenAI does not carry instructions over either. A record is
-written once, when its response is complete, in the settlement's Redis round trip
+turns, this turn's input, this turn's output once there is one), which a later request
+continues with `previous_response_id`; OpenAI does not carry instructions over either.
+A record is written when its response is complete, in the settlement's Redis round trip
 (`save_call`), and expires `ttl_s` later. The tenant is part of the key: another
 tenant's id is not found (404), so ids cannot be probed across tenants.
+
+A background response (background.py) is written at once, as `queued`, with its run:
+the run's status (queued, in_progress, cancelled, failed) is the response's until the
+complete response replaces the record, which happens only over an in_progress run (so a
+cancel, a failure or a DELETE that came first stands). A run whose lease ran out (its
+gateway replica died) reads as failed.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
 from conveyor.common.engine_registry import require_decoded_responses
 from conveyor.common.redis_scripts import ScriptCall
-from conveyor.gateway.errors import APIError
+from conveyor.gateway.errors import APIError, bad_request
 
 _SAVE_LUA = """
+if ARGV[3] == '1' then
+  if redis.call('HGET', KEYS[2], 'status') ~= 'in_progress' then return 0 end
+  redis.call('DEL', KEYS[2])
+end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
 return 1
 """
+
+_CREATE_LUA = """
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
+redis.call('HSET', KEYS[2], 'status', 'queued', 'lease_until', ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return 1
+"""
+
+_ADVANCE_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'in_progress' then return status end
+if tonumber(redis.call('HGET', KEYS[1], 'lease_until')) < tonumber(ARGV[1]) then
+  status = 'failed'
+  redis.call('HSET', KEYS[1], 'error', ARGV[4])
+else
+  status = ARGV[2]
+  redis.call('HSET', KEYS[1], 'lease_until', ARGV[3])
+  if ARGV[2] == 'failed' then redis.call('HSET', KEYS[1], 'error', ARGV[5]) end
+end
+redis.call('HSET', KEYS[1], 'status', status)
+return status
+"""
+"""Moves a live run (queued or in_progress) to ARGV[2] (in_progress, renewing its lease;
+cancelled; failed with ARGV[5]); a run whose lease ran out fails with ARGV[4]. Returns
+the run's status after the call (false when there is no run)."""
+
+LEASE_LOST = {"code": "server_error",
+              "message": "the gateway replica generating this response stopped"}
+
+_LIVE = ("queued", "in_progress")
 
 
 def response_not_found(response_id: str, param: str | None = None) -> APIError:
@@ -35,10 +78,15 @@ def response_not_found(response_id: str, param: str | None = None) -> APIError:
 
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
-    """A stored response and the conversation that produced it."""
+    """A stored response and the conversation that produced it (with its answer once
+    the response is complete)."""
 
     response: dict
     conversation: list[dict]
+
+    @property
+    def answered(self) -> bool:
+        return self.response["status"] in ("completed", "incomplete")
 
 
 class ResponseStore:
@@ -50,27 +98,82 @@ class ResponseStore:
         self._prefix = prefix
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._save = redis.register_script(_SAVE_LUA)
+        self._create = redis.register_script(_CREATE_LUA)
+        self._advance = redis.register_script(_ADVANCE_LUA)
 
     def save_call(self, tenant_id: str, stored: StoredResponse) -> ScriptCall:
-        """The write of `stored`, as a script call to run with the settlement."""
-        record = json.dumps({"response": stored.response, "conversation": stored.conversation},
-                            separators=(",", ":"))
-        return ScriptCall(self._save, [self._key(tenant_id, stored.response["id"])],
-                          [self._ttl_ms, record])
+        """The write of `stored`, as a script call to run with the settlement (a background
+        response's only over its in_progress run)."""
+        response_id = stored.response["id"]
+        background = "1" if stored.response.get("background") else "0"
+        return ScriptCall(self._save, [self._key(tenant_id, response_id),
+                                       self._run_key(tenant_id, response_id)],
+                          [self._ttl_ms, _record(stored), background])
+
+    async def create_background(self, tenant_id: str, stored: StoredResponse,
+                                lease_s: float) -> None:
+        """Store a background response as queued, its run leased for `lease_s`."""
+        response_id = stored.response["id"]
+        await self._create(keys=[self._key(tenant_id, response_id),
+                                 self._run_key(tenant_id, response_id)],
+                           args=[self._ttl_ms, _record(stored), time.time() + lease_s])
+
+    async def advance(self, tenant_id: str, response_id: str, status: str,
+                      lease_s: float = 0.0, error: dict | None = None) -> str | None:
+        """Move the live run to `status` (see _ADVANCE_LUA); its status afterwards."""
+        return await self._advance(
+            keys=[self._run_key(tenant_id, response_id)],
+            args=[time.time(), status, time.time() + lease_s, json.dumps(LEASE_LOST),
+                  json.dumps(error or {})])
 
     async def get(self, tenant_id: str, response_id: str,
                   param: str | None = None) -> StoredResponse:
-        """The tenant's stored response, else a 404 (naming `param`)."""
-        text = await self._redis.get(self._key(tenant_id, response_id))
+        """The tenant's stored response, else a 404 (naming `param`); a background
+        response not finished yet carries its run's status (and error)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(self._key(tenant_id, response_id))
+            pipe.hgetall(self._run_key(tenant_id, response_id))
+            text, run = await pipe.execute()
         if text is None:
             raise response_not_found(response_id, param)
         record = json.loads(text)
-        return StoredResponse(record["response"], record["conversation"])
+        response = record["response"]
+        if run:
+            response |= _run_state(run)
+        return StoredResponse(response, record["conversation"])
+
+    async def get_answered(self, tenant_id: str, response_id: str,
+                           param: str) -> StoredResponse:
+        """The tenant's stored response, which must be complete (to be continued)."""
+        stored = await self.get(tenant_id, response_id, param)
+        if not stored.answered:
+            raise bad_request(f"Response '{response_id}' is {stored.response['status']}; only "
+                              "a completed or incomplete response can be continued", param)
+        return stored
 
     async def delete(self, tenant_id: str, response_id: str) -> None:
-        """Forget the tenant's stored response; a 404 when there is none."""
-        if not await self._redis.delete(self._key(tenant_id, response_id)):
+        """Forget the tenant's stored response (and its run); a 404 when there is none."""
+        if not await self._redis.delete(self._key(tenant_id, response_id),
+                                        self._run_key(tenant_id, response_id)):
             raise response_not_found(response_id)
 
     def _key(self, tenant_id: str, response_id: str) -> str:
         return f"{self._prefix}:response:{{{tenant_id}}}:{response_id}"
+
+    def _run_key(self, tenant_id: str, response_id: str) -> str:
+        return f"{self._prefix}:response-run:{{{tenant_id}}}:{response_id}"
+
+
+def _record(stored: StoredResponse) -> str:
+    return json.dumps({"response": stored.response, "conversation": stored.conversation},
+                      separators=(",", ":"))
+
+
+def _run_state(run: dict[str, str]) -> dict:
+    """The response fields a run not finished yet sets: its status and error (a live run
+    whose lease ran out reads as failed)."""
+    status = run["status"]
+    if status in _LIVE and float(run["lease_until"]) < time.time():
+        return {"status": "failed", "error": LEASE_LOST}
+    error = json.loads(run["error"]) if run.get("error") else None
+    return {"status": status, "error": error}
