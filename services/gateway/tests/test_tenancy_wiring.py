@@ -77,10 +77,20 @@ async def test_priority_is_the_tiers_plus_the_requests_offset_and_salt_is_the_te
     assert error_of(refused, 400)["code"] == "invalid_priority"
 
 
-async def test_a_requests_cache_salt_joins_the_tenants(keyed_gateway, create_key):
+async def test_a_requests_cache_salt_joins_the_tenants(keyed_gateway, create_key,
+                                                       monkeypatch):
     """vLLM's cache_salt narrows the tenant's sharing; it never widens it: no request salt
-    makes another tenant's salt."""
+    makes another tenant's salt. The router's prefix affinity hashes the same salt the
+    engine's prefix cache keys use."""
     headers = await create_key("acme", "standard")
+    router, routed_salts = keyed_gateway.pipeline.router, []
+    pick = router.pick
+
+    async def recorded_pick(*args, **kwargs):
+        routed_salts.append(kwargs["cache_salt"])
+        return await pick(*args, **kwargs)
+
+    monkeypatch.setattr(router, "pick", recorded_pick)
     async with keyed_gateway.client() as client:
         for salt in ("s1", "tenant:other"):
             served = await client.post("/v1/chat/completions",
@@ -89,7 +99,7 @@ async def test_a_requests_cache_salt_joins_the_tenants(keyed_gateway, create_key
         empty = await client.post("/v1/chat/completions", json={**CHAT, "cache_salt": ""},
                                   headers=headers)
     assert [r.cache_salt for r in keyed_gateway.fakes.engine.requests] == [
-        '["tenant:acme", "s1"]', '["tenant:acme", "tenant:other"]']
+        '["tenant:acme", "s1"]', '["tenant:acme", "tenant:other"]'] == routed_salts
     assert error_of(empty, 400)["param"] == "cache_salt"
 
 
