@@ -9,8 +9,9 @@ model, the real Redis.
 - a three-turn previous_response_id chain whose prompts reuse the prefix cache
   (cached tokens reported);
 - another tenant's key gets 404 for a stored response's id;
-- background: queued at once, polled to the same answer a plain request gets; cancelled
-  mid-generation, the engine left idle with every KV block free.
+- background: queued at once, polled (and streamed, then read again from an event) to the
+  same answer a plain request gets; cancelled mid-generation, the engine left idle with
+  every KV block free.
 
 tool_choice required and text.format json_schema ask the engine for a constraint: they
 pass once the engine's constrained decoding (issue 29) is merged.
@@ -199,6 +200,12 @@ async def test_a_background_response_is_polled_to_the_plain_answer(stack):
     plain = await client.responses.create(**request)
     assert done.status == plain.status and done.output_text == plain.output_text != ""
     assert done.usage.output_tokens == plain.usage.output_tokens
+    events = [e async for e in await client.responses.create(**request, background=True,
+                                                             stream=True)]
+    assert events[-1].response.output_text == plain.output_text
+    again = await client.responses.retrieve(events[-1].response.id, stream=True,
+                                            starting_after=len(events) - 3)
+    assert [e.sequence_number async for e in again] == [len(events) - 2, len(events) - 1]
 
 
 async def test_cancelling_a_background_response_frees_the_engine(stack, engine_client,

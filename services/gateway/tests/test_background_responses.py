@@ -143,3 +143,75 @@ async def test_a_run_whose_lease_ran_out_reads_failed(redis, prefix, wait_until)
         await asyncio.sleep(0.02)
     assert stored.response["error"] == LEASE_LOST
     assert await store.advance("t", "resp-1", "in_progress", 10.0) == "failed"  # not revived
+
+
+async def test_a_streamed_background_response_can_be_read_again_from_any_event(gateway):
+    client = _client(gateway)
+    stream = await client.responses.create(model="fake-model", input="hi", background=True,
+                                           stream=True, max_output_tokens=4)
+    events = [event async for event in stream]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.queued" and events[0].response.status == "queued"
+    assert events[1].type == "response.created" and events[-1].type == "response.incomplete"
+    response_id = events[-1].response.id
+    assert events[0].response.id == response_id and events[-1].response.output_text == "Hell"
+    again = await client.responses.retrieve(response_id, stream=True, starting_after=2)
+    assert [e.model_dump() async for e in again] == [e.model_dump() for e in events[3:]]
+    whole = await client.responses.retrieve(response_id, stream=True)
+    assert [e.sequence_number async for e in whole] == list(range(len(events)))
+
+
+async def test_a_reader_that_leaves_does_not_end_the_generation(gateway):
+    gateway.fakes.engine.delay_s = 0.02
+    client = _client(gateway)
+    stream = await client.responses.create(model="fake-model", input="x", background=True,
+                                           stream=True, max_output_tokens=30)
+    async for event in stream:
+        if event.type == "response.queued":
+            response_id = event.response.id
+        if event.type == "response.output_text.delta":
+            break
+    await stream.close()
+    done = await _settled(client, response_id)
+    assert done.status == "incomplete" and done.usage.output_tokens == 30
+
+
+async def test_a_cancel_ends_the_readers_of_a_streamed_response(gateway, wait_until):
+    engine = gateway.fakes.engine
+    engine.delay_s = 0.05
+    client = _client(gateway)
+    stream = await client.responses.create(model="fake-model", input="x", background=True,
+                                           stream=True, max_output_tokens=100)
+    seen = []
+    async for event in stream:
+        seen.append(event.type)
+        if event.type == "response.queued":
+            response_id = event.response.id
+        if event.type == "response.output_text.delta" and seen.count(event.type) == 1:
+            await client.responses.cancel(response_id)
+    assert "response.completed" not in seen and "response.incomplete" not in seen
+    await wait_until(lambda: not engine.running and engine.cancelled, timeout_s=5)
+
+
+async def test_a_streamed_response_refused_on_the_path_ends_with_response_failed(gateway):
+    stream = await _client(gateway).responses.create(
+        model="fake-model", input="x" * 5000, background=True, stream=True,
+        max_output_tokens=2)
+    events = [event async for event in stream]
+    assert [e.type for e in events] == ["response.queued", "response.failed"]
+    assert events[-1].response.error.code == "invalid_prompt"
+    assert [e.sequence_number for e in events] == [0, 1]
+
+
+@pytest.mark.parametrize(("query", "param"), [
+    ("stream=true", "stream"),  # a background response created without stream
+    ("starting_after=1", "starting_after"),
+    ("include=reasoning.encrypted_content", "include"),
+])
+async def test_what_a_read_cannot_serve_is_refused_by_name(gateway, query, param):
+    queued = await _client(gateway).responses.create(model="fake-model", input="x",
+                                                     background=True, max_output_tokens=2)
+    async with gateway.client() as client:
+        response = await client.get(f"/v1/responses/{queued.id}?{query}")
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param

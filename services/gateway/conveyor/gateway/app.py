@@ -35,8 +35,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.pipeline = pipeline = Pipeline.connect(settings)
-        app.state.background = BackgroundResponses(pipeline.responses,
-                                                   settings.responses_lease_s)
+        app.state.background = BackgroundResponses(
+            pipeline.responses, settings.responses_lease_s,
+            poll_s=min(0.25, settings.redis_timeout_s / 4))
         attach_batch_metrics(pipeline)
         try:
             yield

@@ -375,13 +375,15 @@ async def _redis_up(pipeline: Pipeline) -> bool:
 
 
 async def serve_simple(request: Request, endpoint: str,
-                        work: Callable[[Pipeline], Awaitable[dict]],
+                        work: Callable[[Pipeline], Awaitable[dict | Response]],
                         prompt_param: str | None = None) -> Response:
-    """A unary endpoint: its metrics, and any failure as an OpenAI error body."""
+    """A unary endpoint (its work's dict as JSON, or its response): its metrics, and any
+    failure as an OpenAI error body."""
     pipeline = pipeline_of(request)
     record = pipeline.metrics.start(endpoint)
     try:
-        response = JSONResponse(await work(pipeline))
+        result = await work(pipeline)
+        response = result if isinstance(result, Response) else JSONResponse(result)
     except Exception as error:  # noqa: BLE001 - every failure becomes an OpenAI error body
         api_error = to_api_error(error, prompt_param, pipeline.settings.retry_after_s)
         record.finish(api_error.status)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
-from conveyor.gateway.errors import error_response
+from conveyor.gateway.errors import bad_request, error_response
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.responses.background import BackgroundResponses
 from conveyor.gateway.responses.conversation import chat_request
@@ -21,7 +21,7 @@ from conveyor.gateway.responses.input_items import (
     refuse_unserved_query,
 )
 from conveyor.gateway.responses.request_body import ResponsesRequest
-from conveyor.gateway.routes import GenerationResponse, pipeline_of, serve_simple
+from conveyor.gateway.routes import SSE_HEADERS, GenerationResponse, pipeline_of, serve_simple
 from conveyor.gateway.validation_errors import validation_error
 
 router = APIRouter()
@@ -37,20 +37,42 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         chat = chat_request(body)
     except ValidationError as error:  # a value chat refuses that the Responses body let by
         return error_response(validation_error(error.errors()))
-    if body.background:
-        return await serve_simple(request, "responses", lambda pipeline: background_of(
-            request).start(pipeline, request.headers, chat))
-    return GenerationResponse(pipeline_of(request), request.headers, chat, RESPONSES)
+    if not body.background:
+        return GenerationResponse(pipeline_of(request), request.headers, chat, RESPONSES)
+
+    async def work(pipeline: Pipeline) -> dict | Response:
+        tenant_id, response = await background_of(request).start(pipeline, request.headers,
+                                                                  chat)
+        return _events(request, tenant_id, response["id"], -1) if chat.stream else response
+
+    return await serve_simple(request, "responses", work)
 
 
 @router.get("/v1/responses/{response_id}")
-async def retrieve_response(response_id: str, request: Request) -> Response:
-    """A stored response of the caller's tenant (404 for any other)."""
-    async def work(pipeline: Pipeline) -> dict:
+async def retrieve_response(response_id: str, request: Request, stream: bool = False,
+                            starting_after: int | None = Query(None, ge=0)) -> Response:
+    """A stored response of the caller's tenant (404 for any other); with `stream`, a
+    streamed background response's events again (after `starting_after`)."""
+    async def work(pipeline: Pipeline) -> dict | Response:
+        refuse_unserved_query(request.query_params, ("stream", "starting_after"))
+        if starting_after is not None and not stream:
+            raise bad_request("starting_after is only allowed when stream is true",
+                              "starting_after")
         tenant = await pipeline.admitter.authenticate(request.headers)
-        return (await pipeline.responses.get(tenant.tenant_id, response_id)).response
+        if not stream:
+            return (await pipeline.responses.get(tenant.tenant_id, response_id)).response
+        await background_of(request).check_streamed(tenant.tenant_id, response_id)
+        after = -1 if starting_after is None else starting_after
+        return _events(request, tenant.tenant_id, response_id, after)
 
     return await serve_simple(request, "responses", work)
+
+
+def _events(request: Request, tenant_id: str, response_id: str,
+            after: int) -> StreamingResponse:
+    """A streamed background response's events after `after`, as they come."""
+    return StreamingResponse(background_of(request).events(tenant_id, response_id, after),
+                             media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 @router.get("/v1/responses/{response_id}/input_items")

@@ -59,6 +59,8 @@ class ResponsesTurn:
     """What to store, set by the format when the response is complete."""
     created_at: int | None = None
     """When a background response was created (its Response keeps that time)."""
+    first_sequence_number: int = 0
+    """The first streamed event's number (1 after a background stream's response.queued)."""
 
     @property
     def instructions(self) -> list[ChatMessage]:

@@ -29,12 +29,12 @@ QUERY = ("after", "limit", "order")
 to an input item here, so it is refused as any other is."""
 
 
-def refuse_unserved_query(query: Mapping[str, str]) -> None:
-    """A 400 naming the first query parameter this endpoint does not serve."""
+def refuse_unserved_query(query: Mapping[str, str], served: tuple[str, ...] = QUERY) -> None:
+    """A 400 naming the first query parameter the endpoint (serving `served`) does not."""
     for name in query:
-        if name not in QUERY:
+        if name not in served:
             raise bad_request(f"{name.removesuffix('[]')} is not supported: this endpoint "
-                              f"takes {', '.join(QUERY)}", name.removesuffix("[]"))
+                              f"takes {', '.join(served)}", name.removesuffix("[]"))
 
 
 def input_items(stored: StoredResponse) -> list[dict]:

@@ -75,16 +75,14 @@ class ResponsesFormat(ResponseFormat):
         self.created = turn.created_at or self.created
         self._items: list[_Item] = []
         self._open: _Item | None = None
-        self._sequence_number = 0
+        self._sequence_number = turn.first_sequence_number
 
     stream_end = b""
 
     def encode(self, chunk: dict) -> bytes:
         """`event: <type>` and the event's data, numbered in the order sent."""
-        chunk["sequence_number"] = self._sequence_number
         self._sequence_number += 1
-        data = json.dumps(chunk, separators=(",", ":"))
-        return f"event: {chunk['type']}\ndata: {data}\n\n".encode()
+        return encode_event(chunk, self._sequence_number - 1)
 
     # -- the stream ---------------------------------------------------------------------
 
@@ -241,6 +239,13 @@ class ResponsesFormat(ResponseFormat):
         if not self.wants_logprobs:
             return []
         return chat_logprobs(token_ids, logprobs, texts, self.num_top_logprobs)["content"]
+
+
+def encode_event(event: dict, sequence_number: int) -> bytes:
+    """One SSE event of the Responses stream: `event: <type>`, then its data, numbered."""
+    event["sequence_number"] = sequence_number
+    data = json.dumps(event, separators=(",", ":"))
+    return f"event: {event['type']}\ndata: {data}\n\n".encode()
 
 
 def response_error(error: APIError) -> dict:

@@ -3,7 +3,7 @@
 Every field of the openai SDK's ResponseCreateParams is declared: honoured, without
 effect by its own definition for this model (reasoning, text.verbosity, max_tool_calls,
 which counts built-in tool calls and there are none), or refused with a 400 naming it
-when set to what this server cannot do (background streaming, conversation, prompt templates,
+when set to what this server cannot do (background options, conversation, prompt templates,
 hosted tools, truncation "auto", media input, ...). A field in no schema is a 400
 naming it, as for chat (docs/api.md lists them all).
 """
@@ -277,9 +277,6 @@ class ResponsesRequest(_ResponsesKnobs):
         refuse_set_fields(self, _REFUSED)
         if self.background and not self.store:
             raise invalid("background", "background responses are stored: store must be true")
-        if self.background and self.stream:
-            raise unsupported("stream", "a background response is not streamed here; poll "
-                              "GET /v1/responses/{id} until its status is final")
         if self.truncation == "auto":
             raise unsupported("truncation", "a conversation is never cut to fit; it must "
                               "fit the context (truncation disabled)")

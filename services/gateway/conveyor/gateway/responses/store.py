@@ -4,6 +4,8 @@
                                                object>, "conversation": [<chat messages>]}
     {prefix}:response-run:{tenant}:{id}        HASH    status, lease_until, error: a
                                                background response not finished yet
+    {prefix}:response-events:{tenant}:{id}     STREAM  a streamed background response's
+                                               events, entry 0-(n+1) = sequence_number n
 
 `conversation` is every message of the exchange but the instructions (the earlier
 turns, this turn's input, this turn's output once there is one), which a later request
@@ -126,6 +128,28 @@ class ResponseStore:
             args=[time.time(), status, time.time() + lease_s, json.dumps(LEASE_LOST),
                   json.dumps(error or {})])
 
+    async def append_event(self, tenant_id: str, response_id: str, sequence_number: int,
+                           event: bytes, final: bool) -> None:
+        """Record one event of a streamed background response (`final`: its last)."""
+        key = self._events_key(tenant_id, response_id)
+        fields = {"e": event, "final": int(final)}
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(key, fields, id=f"0-{sequence_number + 1}")
+            pipe.pexpire(key, self._ttl_ms)
+            await pipe.execute()
+
+    async def read_events(self, tenant_id: str, response_id: str, after: int,
+                          block_ms: int) -> list[tuple[int, bytes, bool]]:
+        """(sequence_number, event, final) of the events after `after`, waiting up to
+        `block_ms` for one; [] when none came."""
+        key = self._events_key(tenant_id, response_id)
+        reply = await self._redis.xread({key: f"0-{after + 1}"}, block=block_ms, count=256)
+        return [(int(entry_id.split("-")[1]) - 1, fields["e"].encode(), fields["final"] == "1")
+                for _, entries in reply for entry_id, fields in entries]
+
+    async def has_events(self, tenant_id: str, response_id: str) -> bool:
+        return bool(await self._redis.exists(self._events_key(tenant_id, response_id)))
+
     async def get(self, tenant_id: str, response_id: str,
                   param: str | None = None) -> StoredResponse:
         """The tenant's stored response, else a 404 (naming `param`); a background
@@ -154,7 +178,8 @@ class ResponseStore:
     async def delete(self, tenant_id: str, response_id: str) -> None:
         """Forget the tenant's stored response (and its run); a 404 when there is none."""
         if not await self._redis.delete(self._key(tenant_id, response_id),
-                                        self._run_key(tenant_id, response_id)):
+                                        self._run_key(tenant_id, response_id),
+                                        self._events_key(tenant_id, response_id)):
             raise response_not_found(response_id)
 
     def _key(self, tenant_id: str, response_id: str) -> str:
@@ -162,6 +187,9 @@ class ResponseStore:
 
     def _run_key(self, tenant_id: str, response_id: str) -> str:
         return f"{self._prefix}:response-run:{{{tenant_id}}}:{response_id}"
+
+    def _events_key(self, tenant_id: str, response_id: str) -> str:
+        return f"{self._prefix}:response-events:{{{tenant_id}}}:{response_id}"
 
 
 def _record(stored: StoredResponse) -> str:
