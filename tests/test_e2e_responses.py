@@ -9,7 +9,7 @@ model, the real Redis.
 - a three-turn previous_response_id chain whose prompts reuse the prefix cache
   (cached tokens reported);
 - another tenant's key gets 404 for a stored response's id;
-- background: queued at once, polled (and streamed, then read again from an event) to the
+- background: answered once admitted, polled (and streamed, then read again from an event) to the
   same answer a plain request gets; cancelled mid-generation, the engine left idle with
   every KV block free.
 
@@ -25,7 +25,7 @@ import uuid
 
 import jsonschema
 import pytest
-from openai import AsyncOpenAI, NotFoundError, OpenAI
+from openai import AsyncOpenAI, BadRequestError, NotFoundError, OpenAI
 from redis.asyncio import Redis
 
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
@@ -195,7 +195,7 @@ async def test_a_background_response_is_polled_to_the_plain_answer(stack):
     request = {"model": MODEL, "input": "Name three colours.", "max_output_tokens": 12,
                "temperature": 0}
     queued = await client.responses.create(**request, background=True)
-    assert queued.status == "queued" and queued.background
+    assert queued.status == "in_progress" and queued.background
     done = await _settled(client, queued.id)
     plain = await client.responses.create(**request)
     assert done.status == plain.status and done.output_text == plain.output_text != ""
@@ -222,3 +222,10 @@ async def test_cancelling_a_background_response_frees_the_engine(stack, engine_c
     stats = await idle_engine(30.0)
     assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks
     assert (await client.responses.retrieve(queued.id)).status == "cancelled"
+
+
+async def test_a_background_request_over_the_context_is_refused_at_once(stack):
+    client = AsyncOpenAI(base_url=stack.api_url, api_key="unused-locally", max_retries=0)
+    with pytest.raises(BadRequestError) as caught:
+        await client.responses.create(model=MODEL, input="word " * 20000, background=True)
+    assert caught.value.status_code == 400

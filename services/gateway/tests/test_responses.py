@@ -151,7 +151,6 @@ async def test_function_calls_and_outputs_become_chat_turns(gateway):
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"background": True, "stream": True}, "stream"),
     ({"background": True, "store": False}, "background"),
     ({"background_options": {}}, "background_options"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),

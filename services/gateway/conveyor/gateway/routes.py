@@ -114,19 +114,21 @@ async def _absorb_cancellation() -> None:
 
 
 class GenerationResponse(Response):
-    """Serves one chat or completions request (see the module doc)."""
+    """Serves one generation request (see the module doc); `admitted` is set once the
+    request is admitted (a background response's creation waits for it)."""
 
     def __init__(self, pipeline: Pipeline, headers: Mapping[str, str], body: GenerationBody,
-                 kind: EndpointKind, request_id: str | None = None):
+                 kind: EndpointKind, request_id: str | None = None,
+                 admitted: asyncio.Event | None = None):
         self.status_code = 200
         self.background = None
         self._pipeline, self._headers, self._body, self._kind = pipeline, headers, body, kind
-        self._request_id = request_id
+        self._request_id, self._admitted = request_id, admitted or asyncio.Event()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with GenerationRequest(self._pipeline, self._kind, self._body, self._headers,
                                      self._request_id) as request:
-            writer = _Writer(send, request)
+            writer = _Writer(send, request, self._admitted)
             failure = await _serve_watched(writer, receive)
             if failure is None:
                 request.end(None)
@@ -154,8 +156,9 @@ async def _serve_watched(writer: _Writer, receive: Receive) -> Exception | None:
 class _Writer:
     """Writes one request's response: SSE events as deltas come, or one JSON body."""
 
-    def __init__(self, send: Send, request: GenerationRequest):
+    def __init__(self, send: Send, request: GenerationRequest, admitted: asyncio.Event):
         self._send = send
+        self._admitted = admitted
         self.request = self._request = request
         self.started = False
         self._last: dict | None = None
@@ -164,6 +167,7 @@ class _Writer:
     async def serve(self) -> None:
         request = self._request
         await request.admit()
+        self._admitted.set()
         first = await request.start()
         self._fmt = fmt = request.response_format()
         if request.body.stream:

@@ -104,6 +104,7 @@ async def delete_response(response_id: str, request: Request) -> Response:
     async def work(pipeline: Pipeline) -> dict:
         tenant = await pipeline.admitter.authenticate(request.headers)
         await pipeline.responses.delete(tenant.tenant_id, response_id)
+        background_of(request).end_here(tenant.tenant_id, response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
     return await serve_simple(request, "responses", work)

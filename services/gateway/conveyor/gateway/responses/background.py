@@ -1,11 +1,13 @@
 """Background responses: POST /v1/responses with `background` true.
 
-The gateway answers at once with the response `queued` (stored with its run: store.py)
-and generates it in a task of this replica, on the same path as any request: the
-request's GenerationResponse, served to no client (its bytes are read here). The task is
-the run's one owner:
+The gateway stores the response `queued` (with its run: store.py) and generates it in a
+task of this replica, on the same path as any request: the request's GenerationResponse,
+served to no client (its bytes are read by run_reply.py). The POST is answered once the
+request is admitted (the response then in_progress); a request the path refuses before
+that (a prompt too long, a rate limit, a revoked key) is answered with that error, as a
+plain request would be, and leaves nothing stored. The task is the run's one owner:
     - it marks the run in_progress, then renews the run's lease every `lease_s / 10`,
-      reading its status each time;
+      reading its status each time; a lease it could not renew for `lease_s` ends it;
     - a cancel (POST /v1/responses/{id}/cancel, on any replica) or a DELETE ends the
       generation as a client's disconnect would: the engine aborts, the quota is settled;
     - the complete response replaces the record (only over an in_progress run); an error
@@ -23,11 +25,11 @@ A reader that goes away stops reading; the generation goes on.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
@@ -42,6 +44,7 @@ from conveyor.gateway.responses.output_format import (
     encode_event,
     response_error,
 )
+from conveyor.gateway.responses.run_reply import RunReply
 from conveyor.gateway.responses.store import ResponseStore, StoredResponse
 from conveyor.gateway.routes import GenerationResponse
 
@@ -50,7 +53,18 @@ log = logging.getLogger("conveyor.gateway.responses")
 STOPPED = {"code": "server_error",
            "message": "the gateway replica generating this response shut down"}
 _LIVE = ("queued", "in_progress")
-_FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+
+
+@dataclass(slots=True)
+class _Run:
+    """One background response being generated here."""
+
+    tenant_id: str
+    response_id: str
+    reply: RunReply
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set to end the generation (cancelled, deleted, lease lost): its client's disconnect."""
+    admitted: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class BackgroundResponses:
@@ -60,7 +74,7 @@ class BackgroundResponses:
         self._store = store
         self._lease_s = lease_s
         self._block_ms = max(1, round(poll_s * 1000))
-        self._ended: dict[str, asyncio.Event] = {}
+        self._runs: dict[str, _Run] = {}
         self._tasks: set[asyncio.Task] = set()
 
     @property
@@ -69,8 +83,8 @@ class BackgroundResponses:
 
     async def start(self, pipeline: Pipeline, headers: Mapping[str, str],
                     chat: ResponsesChat) -> tuple[str, dict]:
-        """Check the caller, model and conversation, store the response queued, and
-        start generating it; the tenant's id and the queued response."""
+        """Check the caller, model and conversation, store the response queued, start
+        generating it, and wait for its admission; the tenant's id and the response."""
         if pipeline.draining:
             raise unavailable("the gateway is shutting down", pipeline.settings.retry_after_s)
         tenant = await pipeline.admitter.authenticate(headers)
@@ -88,12 +102,12 @@ class BackgroundResponses:
             await self._store.append_event(tenant.tenant_id, response_id, 0, encode_event(
                 {"type": "response.queued", "response": response}, 0), final=False)
             turn.first_sequence_number = 1
-        self._ended[response_id] = ended = asyncio.Event()
-        task = asyncio.create_task(self._run(pipeline, dict(headers), chat, tenant.tenant_id,
-                                             response_id, ended))
-        self._tasks.add(task)
-        task.add_done_callback(lambda done: self._forget(done, response_id))
-        return tenant.tenant_id, response
+        run = _Run(tenant.tenant_id, response_id, RunReply(
+            self._store, tenant.tenant_id, response_id,
+            turn.first_sequence_number if chat.stream else None))
+        await self._admitted(run, self._launch(run, self._generate(pipeline, dict(headers),
+                                                                   chat, run)))
+        return tenant.tenant_id, {**response, "status": "in_progress"}
 
     async def events(self, tenant_id: str, response_id: str,
                      after: int) -> AsyncIterator[bytes]:
@@ -128,10 +142,16 @@ class BackgroundResponses:
             raise bad_request("Only responses created with background=true can be cancelled.")
         if stored.response["status"] in _LIVE:
             await self._store.advance(tenant_id, response_id, "cancelled")
-            if response_id in self._ended:  # generated here: end it now, not at the renewal
-                self._ended[response_id].set()
+            self.end_here(tenant_id, response_id)
             stored = await self._store.get(tenant_id, response_id)
         return stored.response
+
+    def end_here(self, tenant_id: str, response_id: str) -> None:
+        """End the generation now if this replica runs it (cancelled or deleted: the
+        other replicas' runs find out at their next renewal)."""
+        run = self._runs.get(response_id)
+        if run is not None and run.tenant_id == tenant_id:
+            run.ended.set()
 
     async def close(self) -> None:
         """Cancel the runs still going (each fails its run) and wait for them."""
@@ -139,45 +159,71 @@ class BackgroundResponses:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _run(self, pipeline: Pipeline, headers: dict[str, str], chat: ResponsesChat,
-                   tenant_id: str, response_id: str, ended: asyncio.Event) -> None:
+    def _launch(self, run: _Run, generation) -> asyncio.Task:
+        self._runs[run.response_id] = run
+        task = asyncio.create_task(self._owned(run, generation))
+        self._tasks.add(task)
+        task.add_done_callback(lambda done: self._forget(done, run.response_id))
+        return task
+
+    async def _admitted(self, run: _Run, task: asyncio.Task) -> None:
+        """Wait until the run's request is admitted; if it ended first, its refusal is the
+        creator's answer and nothing of it stays stored."""
+        admitted = asyncio.ensure_future(run.admitted.wait())
         try:
-            if await self._renew(tenant_id, response_id) != "in_progress":
-                return
-            renewals = asyncio.create_task(self._keep_renewing(tenant_id, response_id, ended))
-            reply = _Reply(self._store, tenant_id, response_id,
-                           chat.turn.first_sequence_number if chat.stream else None)
-            try:
-                await GenerationResponse(pipeline, headers, chat, RESPONSES, response_id)(
-                    {"type": "http"}, _until(ended), reply)
-            finally:
-                renewals.cancel()
-            if not ended.is_set():  # a run still live now did not complete: it failed
-                await self._store.advance(tenant_id, response_id, "failed",
-                                          error=reply.error())
-                await reply.end_stream()
+            await asyncio.wait((admitted, task), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            admitted.cancel()
+        if not run.admitted.is_set():
+            await self._store.delete(run.tenant_id, run.response_id)
+            raise run.reply.refusal()
+
+    async def _owned(self, run: _Run, generation) -> None:
+        """Run `generation` as the run's owner: a fault or a shutdown fails the run."""
+        try:
+            await generation
         except asyncio.CancelledError:
-            await run_to_completion(self._fail_quietly(tenant_id, response_id, STOPPED))
+            await run_to_completion(self._fail_quietly(run, STOPPED))
             raise
         except Exception as error:  # noqa: BLE001 - a fault fails the run, never the replica
-            log.exception("background response %s: %s", response_id, error)
-            await self._fail_quietly(tenant_id, response_id, response_error(
+            log.exception("background response %s: %s", run.response_id, error)
+            await self._fail_quietly(run, response_error(
                 APIError(500, f"the gateway failed to generate this response: {error}")))
 
-    async def _keep_renewing(self, tenant_id: str, response_id: str,
-                             ended: asyncio.Event) -> None:
+    async def _generate(self, pipeline: Pipeline, headers: dict[str, str],
+                        chat: ResponsesChat, run: _Run) -> None:
+        if await self._renew(run) != "in_progress":
+            return
+        renewals = asyncio.create_task(self._keep_renewing(run))
+        try:
+            await GenerationResponse(pipeline, headers, chat, RESPONSES, run.response_id,
+                                     run.admitted)({"type": "http"}, _until(run.ended),
+                                                   run.reply)
+        finally:
+            renewals.cancel()
+        if not run.ended.is_set():  # a run still live now did not complete: it failed
+            await self._store.advance(run.tenant_id, run.response_id, "failed",
+                                      error=run.reply.error())
+            await run.reply.end_stream()
+
+    async def _keep_renewing(self, run: _Run) -> None:
         """Renew the run's lease until it is no longer in progress (cancelled, deleted,
-        lease lost), then end the generation."""
+        lease lost) or could not be renewed for `lease_s`, then end the generation."""
+        loop = asyncio.get_running_loop()
+        renewed = loop.time()
         while True:
             await asyncio.sleep(self._lease_s / 10)
             try:
-                status = await self._renew(tenant_id, response_id)
-            except RedisError as error:  # tried again at the next renewal
-                log.warning("background response %s: lease not renewed: %s", response_id,
+                status = await self._renew(run)
+            except RedisError as error:  # tried again at the next renewal, while leased
+                log.warning("background response %s: lease not renewed: %s", run.response_id,
                             error)
-                continue
+                if loop.time() - renewed < self._lease_s:
+                    continue
+                status = None
+            renewed = loop.time()
             if status != "in_progress":
-                ended.set()
+                run.ended.set()
                 return
 
     async def _live(self, tenant_id: str, response_id: str) -> bool:
@@ -187,19 +233,20 @@ class BackgroundResponses:
             return False
         return stored.response["status"] in _LIVE
 
-    async def _renew(self, tenant_id: str, response_id: str) -> str | None:
-        return await self._store.advance(tenant_id, response_id, "in_progress", self._lease_s)
+    async def _renew(self, run: _Run) -> str | None:
+        return await self._store.advance(run.tenant_id, run.response_id, "in_progress",
+                                         self._lease_s)
 
-    async def _fail_quietly(self, tenant_id: str, response_id: str, error: dict) -> None:
+    async def _fail_quietly(self, run: _Run, error: dict) -> None:
         try:
-            await self._store.advance(tenant_id, response_id, "failed", error=error)
+            await self._store.advance(run.tenant_id, run.response_id, "failed", error=error)
         except RedisError as redis_error:  # its lease runs out instead
-            log.warning("background response %s: not marked failed: %s", response_id,
+            log.warning("background response %s: not marked failed: %s", run.response_id,
                         redis_error)
 
     def _forget(self, task: asyncio.Task, response_id: str) -> None:
         self._tasks.discard(task)
-        self._ended.pop(response_id, None)
+        self._runs.pop(response_id, None)
 
 
 def _until(ended: asyncio.Event):
@@ -209,59 +256,3 @@ def _until(ended: asyncio.Event):
         return {"type": "http.disconnect"}
 
     return receive
-
-
-class _Reply:
-    """An ASGI send that keeps the response's status and error, and records a streamed
-    response's events (`first`: the number of its first; None: not streamed)."""
-
-    def __init__(self, store: ResponseStore, tenant_id: str, response_id: str,
-                 first: int | None):
-        self._store, self._tenant_id, self._response_id = store, tenant_id, response_id
-        self._next = first
-        self.status = 0
-        self._body = bytearray()
-        self._final_seen = False
-        self._failure: dict | None = None
-
-    async def __call__(self, message: dict) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-        elif self._next is None or self.status != 200:
-            self._body += message.get("body", b"")
-        else:
-            for event in message.get("body", b"").split(b"\n\n"):
-                if event:
-                    await self._record(event + b"\n\n")
-
-    async def _record(self, event: bytes) -> None:
-        kind = event.split(b"\n", 1)[0].removeprefix(b"event: ").decode()
-        final = kind in _FINAL_EVENTS
-        if kind == "response.failed":
-            self._failure = json.loads(event.split(b"data: ", 1)[1])["response"]["error"]
-        await self._store.append_event(self._tenant_id, self._response_id, self._next, event,
-                                       final)
-        self._next += 1
-        self._final_seen |= final
-
-    async def end_stream(self) -> None:
-        """A streamed response that failed before its final event: record its
-        response.failed, so that its readers see why it ended."""
-        if self._next is None or self._final_seen:
-            return
-        stored = await self._store.get(self._tenant_id, self._response_id)
-        await self._record(encode_event({"type": "response.failed",
-                                         "response": stored.response}, self._next))
-
-    def error(self) -> dict:
-        """The failed Response's error: from the error body, or the stream's
-        response.failed, or (neither) a generation that ended incomplete."""
-        if self._failure is not None:
-            return self._failure
-        if self.status == 200:
-            return {"code": "server_error", "message": "the generation ended unfinished"}
-        try:
-            message = json.loads(self._body)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = bytes(self._body[:300]).decode(errors="replace")
-        return response_error(APIError(self.status, message))

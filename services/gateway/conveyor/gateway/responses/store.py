@@ -24,7 +24,6 @@ gateway replica died) reads as failed.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -33,39 +32,49 @@ from conveyor.common.engine_registry import require_decoded_responses
 from conveyor.common.redis_scripts import ScriptCall
 from conveyor.gateway.errors import APIError, bad_request
 
-_SAVE_LUA = """
+_NOW = """
+if redis.replicate_commands then redis.replicate_commands() end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
+"""
+"""Leases are read and written on Redis's clock, never a replica's."""
+
+_SAVE_LUA = _NOW + """
 if ARGV[3] == '1' then
-  if redis.call('HGET', KEYS[2], 'status') ~= 'in_progress' then return 0 end
+  local run = redis.call('HMGET', KEYS[2], 'status', 'lease_until')
+  if run[1] ~= 'in_progress' or tonumber(run[2]) < now then return 0 end
   redis.call('DEL', KEYS[2])
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
 return 1
 """
+"""Writes a complete response; a background one only over its run while in progress
+and leased (a run whose lease ran out already reads failed)."""
 
-_CREATE_LUA = """
+_CREATE_LUA = _NOW + """
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
-redis.call('HSET', KEYS[2], 'status', 'queued', 'lease_until', ARGV[3])
+redis.call('HSET', KEYS[2], 'status', 'queued', 'lease_until', now + tonumber(ARGV[3]))
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 1
 """
 
-_ADVANCE_LUA = """
+_ADVANCE_LUA = _NOW + """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'in_progress' then return status end
-if tonumber(redis.call('HGET', KEYS[1], 'lease_until')) < tonumber(ARGV[1]) then
+if tonumber(redis.call('HGET', KEYS[1], 'lease_until')) < now then
   status = 'failed'
-  redis.call('HSET', KEYS[1], 'error', ARGV[4])
+  redis.call('HSET', KEYS[1], 'error', ARGV[3])
 else
-  status = ARGV[2]
-  redis.call('HSET', KEYS[1], 'lease_until', ARGV[3])
-  if ARGV[2] == 'failed' then redis.call('HSET', KEYS[1], 'error', ARGV[5]) end
+  status = ARGV[1]
+  redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[2]))
+  if ARGV[1] == 'failed' then redis.call('HSET', KEYS[1], 'error', ARGV[4]) end
 end
 redis.call('HSET', KEYS[1], 'status', status)
 return status
 """
-"""Moves a live run (queued or in_progress) to ARGV[2] (in_progress, renewing its lease;
-cancelled; failed with ARGV[5]); a run whose lease ran out fails with ARGV[4]. Returns
-the run's status after the call (false when there is no run)."""
+"""Moves a live run (queued or in_progress) to ARGV[1] (in_progress, renewing its lease
+for ARGV[2] seconds; cancelled; failed with ARGV[4]); a run whose lease ran out fails with
+ARGV[3]. Returns the run's status after the call (false when there is no run)."""
 
 LEASE_LOST = {"code": "server_error",
               "message": "the gateway replica generating this response stopped"}
@@ -118,15 +127,14 @@ class ResponseStore:
         response_id = stored.response["id"]
         await self._create(keys=[self._key(tenant_id, response_id),
                                  self._run_key(tenant_id, response_id)],
-                           args=[self._ttl_ms, _record(stored), time.time() + lease_s])
+                           args=[self._ttl_ms, _record(stored), lease_s])
 
     async def advance(self, tenant_id: str, response_id: str, status: str,
                       lease_s: float = 0.0, error: dict | None = None) -> str | None:
         """Move the live run to `status` (see _ADVANCE_LUA); its status afterwards."""
         return await self._advance(
             keys=[self._run_key(tenant_id, response_id)],
-            args=[time.time(), status, time.time() + lease_s, json.dumps(LEASE_LOST),
-                  json.dumps(error or {})])
+            args=[status, lease_s, json.dumps(LEASE_LOST), json.dumps(error or {})])
 
     async def append_event(self, tenant_id: str, response_id: str, sequence_number: int,
                            event: bytes, final: bool) -> None:
@@ -157,13 +165,14 @@ class ResponseStore:
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.get(self._key(tenant_id, response_id))
             pipe.hgetall(self._run_key(tenant_id, response_id))
-            text, run = await pipe.execute()
+            pipe.time()
+            text, run, (seconds, microseconds) = await pipe.execute()
         if text is None:
             raise response_not_found(response_id, param)
         record = json.loads(text)
         response = record["response"]
         if run:
-            response |= _run_state(run)
+            response |= _run_state(run, seconds + microseconds / 1e6)
         return StoredResponse(response, record["conversation"])
 
     async def get_answered(self, tenant_id: str, response_id: str,
@@ -197,11 +206,11 @@ def _record(stored: StoredResponse) -> str:
                       separators=(",", ":"))
 
 
-def _run_state(run: dict[str, str]) -> dict:
+def _run_state(run: dict[str, str], now: float) -> dict:
     """The response fields a run not finished yet sets: its status and error (a live run
-    whose lease ran out reads as failed)."""
+    whose lease ran out by Redis's clock `now` reads as failed)."""
     status = run["status"]
-    if status in _LIVE and float(run["lease_until"]) < time.time():
+    if status in _LIVE and float(run["lease_until"]) < now:
         return {"status": "failed", "error": LEASE_LOST}
     error = json.loads(run["error"]) if run.get("error") else None
     return {"status": status, "error": error}
