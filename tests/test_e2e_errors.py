@@ -100,8 +100,10 @@ def test_no_engine_is_503_with_retry_after(extra_gateway):
 
 def test_health_ok_and_tokenize_round_trip(http):
     assert http.get("/health").json()["status"] == "ok"
-    tokens = http.post("/tokenize", json={"model": MODEL, "prompt": "Hello world"}).json()
+    tokens = http.post("/tokenize", json={"model": MODEL, "prompt": "Hello world",
+                                          "return_token_strs": True}).json()
     assert tokens["count"] == len(tokens["tokens"]) > 0
+    assert tokens["token_strs"][-2:] == ["Hello", "Ġworld"]
     text = http.post("/detokenize", json={"model": MODEL, "tokens": tokens["tokens"]}).json()
     assert text["prompt"].endswith("Hello world")
 

@@ -71,6 +71,8 @@ class FakeTokenizer(tokenizer_pb2_grpc.TokenizerServicer):
         self.decodes.append(request)
         if any(i >= VOCAB_SIZE for i in request.token_ids):  # as the real tokenizer refuses
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token id outside the vocabulary")
+        if request.token_strings:
+            return tokenizer_pb2.DecodeResponse(token_strings=[f"<{i}>" for i in request.token_ids])
         return tokenizer_pb2.DecodeResponse(text="".join(chr(i) for i in request.token_ids))
 
     async def Info(self, request, context):

@@ -27,7 +27,10 @@ async def test_tokenize_and_detokenize(gateway):
             "messages": [{"role": "user", "content": "x"}]})).json()
         text = (await client.post("/detokenize", json={"tokens": [104, 105]})).json()
         bad = await client.post("/tokenize", json={"model": "other", "prompt": "a"})
-    assert tokens == {"count": 2, "max_model_len": 128, "tokens": [97, 98]}
+        strings = (await client.post("/tokenize", json={"prompt": "ab",
+                                                        "return_token_strs": True})).json()
+    assert tokens == {"count": 2, "max_model_len": 128, "tokens": [97, 98], "token_strs": None}
+    assert strings["token_strs"] == ["<97>", "<98>"]
     assert chat["count"] == len("user:x\nassistant:")
     assert text == {"prompt": "hi"}
     assert bad.status_code == 404

@@ -125,6 +125,12 @@ async def test_decode_each_gives_each_id_its_own_text(service):
         await service.decode_each([2, 60000], skip_special_tokens=False)
 
 
+async def test_token_strings_are_the_vocabularys_own(service):
+    assert await service.token_strings([19556, 905, 2]) == ["Hello", "Ġworld", "<|im_end|>"]
+    with pytest.raises(InvalidRequest, match="is outside the vocabulary"):
+        await service.token_strings([60000])
+
+
 async def test_a_long_prompt_does_not_stall_the_event_loop(tokenizer):
     service = PromptService(PromptTokenizer(tokenizer), ChatRenderer(tokenizer), "m", 64,
                             num_workers=2, max_chars_per_token=1_000_000)  # no text limit

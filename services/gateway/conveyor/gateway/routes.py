@@ -316,8 +316,10 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
             prompt = await pipeline.tokenizer.tokenize(PromptInput(
                 text=body.prompt, add_special_tokens=body.add_special_tokens,
                 max_model_len=model.max_model_len))
+        strings = await pipeline.tokenizer.token_strings(prompt.token_ids) \
+            if body.return_token_strs else None
         return {"count": prompt.num_tokens, "max_model_len": model.max_model_len,
-                "tokens": prompt.token_ids}
+                "tokens": prompt.token_ids, "token_strs": strings}
 
     return await serve_simple(request, "tokenize", work, prompt_param="prompt")
 

@@ -66,6 +66,9 @@ class PromptService:
     async def decode_each(self, token_ids: list[int], skip_special_tokens: bool) -> list[str]:
         return await self._off_loop(self._tokenizer.decode_each, token_ids, skip_special_tokens)
 
+    async def token_strings(self, token_ids: list[int]) -> list[str]:
+        return await self._off_loop(self._tokenizer.token_strings, token_ids)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 

@@ -80,6 +80,11 @@ class PromptTokenizer:
         self.check_ids(token_ids, "token_ids")
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
+    def token_strings(self, token_ids: list[int]) -> list[str]:
+        """Each valid id's token string from the vocabulary (e.g. "Ġworld")."""
+        self.check_ids(token_ids, "token_ids")
+        return self._tokenizer.convert_ids_to_tokens(token_ids)
+
     def decode_each(self, token_ids: list[int], skip_special_tokens: bool) -> list[str]:
         """The text of each valid id alone, in order."""
         self.check_ids(token_ids, "token_ids")

@@ -36,6 +36,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         return _tokenized(prompt)
 
     async def Decode(self, request, context):
+        if request.token_strings:
+            strings = await _or_abort(context, self._service.token_strings(
+                list(request.token_ids)))
+            return tokenizer_pb2.DecodeResponse(token_strings=strings)
         if request.each_token:
             texts = await _or_abort(context, self._service.decode_each(
                 list(request.token_ids), request.skip_special_tokens))

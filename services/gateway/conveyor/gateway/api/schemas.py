@@ -372,6 +372,8 @@ class TokenizeRequest(RequestBody):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Tool] | None = None
     documents: list[dict[str, str]] | None = None
+    return_token_strs: bool = False
+    """Also answer each token's string from the vocabulary (`token_strs`, e.g. "Ġworld")."""
 
     @model_validator(mode="after")
     def _prompt_or_messages(self):

@@ -110,6 +110,12 @@ class TokenizerClient:
         reply = await self._call("Decode", decode_request(token_ids, skip_special_tokens))
         return reply.text
 
+    async def token_strings(self, token_ids: list[int]) -> list[str]:
+        """Each id's token string from the vocabulary (vLLM's /tokenize token_strs)."""
+        reply = await self._call("Decode", tokenizer_pb2.DecodeRequest(
+            token_ids=token_ids, token_strings=True))
+        return list(reply.token_strings)
+
     async def info(self) -> TokenizerFacts:
         return tokenizer_facts(
             await self._call("Info", tokenizer_pb2.TokenizerInfoRequest()))
