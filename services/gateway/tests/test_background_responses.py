@@ -184,26 +184,38 @@ async def test_a_streamed_background_response_can_be_read_again_from_any_event(g
                                            stream=True, max_output_tokens=4)
     events = [event async for event in stream]
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    assert events[0].type == "response.queued" and events[0].response.status == "queued"
-    assert events[1].type == "response.created" and events[-1].type == "response.incomplete"
+    assert [e.type for e in events[:4]] == ["response.created", "response.queued",
+                                            "response.created", "response.in_progress"]
+    assert events[0].response.status == "queued" and events[-1].type == "response.incomplete"
+    done = await client.responses.retrieve(events[0].response.id)  # stored before its end
+    assert done.status == "incomplete" and done.output_text == "Hell"
     response_id = events[-1].response.id
     assert events[0].response.id == response_id and events[-1].response.output_text == "Hell"
     again = await client.responses.retrieve(response_id, stream=True, starting_after=2)
     assert [e.model_dump() async for e in again] == [e.model_dump() for e in events[3:]]
     whole = await client.responses.retrieve(response_id, stream=True)
     assert [e.sequence_number async for e in whole] == list(range(len(events)))
+    async with client.responses.stream(response_id=response_id, starting_after=5) as resumed:
+        read = [event async for event in resumed]  # the SDK's own helper, resumed
+    assert read[-1].type == "response.incomplete" and read[-1].response.output_text == "Hell"
+
+
+async def _streamed_until_its_first_delta(client: AsyncOpenAI, max_output_tokens: int):
+    """A streamed background response read up to its first text delta: (stream, id)."""
+    stream = await client.responses.create(model="fake-model", input="x", background=True,
+                                           stream=True, max_output_tokens=max_output_tokens)
+    async for event in stream:
+        if event.type == "response.created":
+            response_id = event.response.id
+        if event.type == "response.output_text.delta":
+            return stream, response_id
+    raise AssertionError("no text delta")
 
 
 async def test_a_reader_that_leaves_does_not_end_the_generation(gateway):
     gateway.fakes.engine.delay_s = 0.02
     client = _client(gateway)
-    stream = await client.responses.create(model="fake-model", input="x", background=True,
-                                           stream=True, max_output_tokens=30)
-    async for event in stream:
-        if event.type == "response.queued":
-            response_id = event.response.id
-        if event.type == "response.output_text.delta":
-            break
+    stream, response_id = await _streamed_until_its_first_delta(client, 30)
     await stream.close()
     done = await _settled(client, response_id)
     assert done.status == "incomplete" and done.usage.output_tokens == 30
@@ -213,16 +225,10 @@ async def test_a_cancel_ends_the_readers_of_a_streamed_response(gateway, wait_un
     engine = gateway.fakes.engine
     engine.delay_s = 0.05
     client = _client(gateway)
-    stream = await client.responses.create(model="fake-model", input="x", background=True,
-                                           stream=True, max_output_tokens=100)
-    seen = []
-    async for event in stream:
-        seen.append(event.type)
-        if event.type == "response.queued":
-            response_id = event.response.id
-        if event.type == "response.output_text.delta" and seen.count(event.type) == 1:
-            await client.responses.cancel(response_id)
-    assert "response.completed" not in seen and "response.incomplete" not in seen
+    stream, response_id = await _streamed_until_its_first_delta(client, 100)
+    await client.responses.cancel(response_id)
+    rest = [event.type async for event in stream]
+    assert "response.completed" not in rest and "response.incomplete" not in rest
     await wait_until(lambda: not engine.running and engine.cancelled, timeout_s=5)
 
 
@@ -231,9 +237,10 @@ async def test_a_streamed_response_that_fails_before_its_first_token_ends_failed
     stream = await _client(gateway).responses.create(
         model="fake-model", input="x", background=True, stream=True, max_output_tokens=2)
     events = [event async for event in stream]
-    assert [e.type for e in events] == ["response.queued", "response.failed"]
+    assert [e.type for e in events] == ["response.created", "response.queued",
+                                        "response.failed"]
     assert events[-1].response.error.code == "server_error"
-    assert [e.sequence_number for e in events] == [0, 1]
+    assert [e.sequence_number for e in events] == [0, 1, 2]
 
 
 @pytest.mark.parametrize(("query", "param"), [
@@ -248,3 +255,15 @@ async def test_what_a_read_cannot_serve_is_refused_by_name(gateway, query, param
         response = await client.get(f"/v1/responses/{queued.id}?{query}")
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+async def test_a_delete_during_a_streamed_run_leaves_nothing_behind(gateway, wait_until,
+                                                                    redis, prefix):
+    engine = gateway.fakes.engine
+    engine.delay_s = 0.05
+    client = _client(gateway)
+    stream, response_id = await _streamed_until_its_first_delta(client, 100)
+    await client.responses.delete(response_id)
+    assert "response.incomplete" not in [event.type async for event in stream]
+    await wait_until(lambda: not gateway.app.state.background.running, timeout_s=5)
+    assert engine.cancelled and await _stored_keys(redis, prefix) == []

@@ -16,7 +16,8 @@ On shutdown the tasks still running are cancelled and their runs failed. A repli
 dies leaves a lease that runs out: the response then reads failed.
 
 Streamed (`stream` and `background`), the response's events are recorded in Redis as the
-task's generation writes them, after a first `response.queued`; the POST, and any later
+task's generation writes them (run_reply.py), after a first `response.created` and
+`response.queued` (the response queued); the POST, and any later
 GET with `stream=true` (from `starting_after`, on any replica), tail that record until its
 final event or until the run ends without one (cancelled, or failed before its stream).
 A reader that goes away stops reading; the generation goes on.
@@ -25,6 +26,7 @@ A reader that goes away stops reading; the generation goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -99,14 +101,14 @@ class BackgroundResponses:
             tenant.tenant_id, StoredResponse(response, turn.conversation_with(None)),
             self._lease_s)
         if chat.stream:
-            await self._store.append_event(tenant.tenant_id, response_id, 0, encode_event(
-                {"type": "response.queued", "response": response}, 0), final=False)
-            turn.first_sequence_number = 1
+            for number, kind in enumerate(("response.created", "response.queued")):
+                await self._store.append_event(tenant.tenant_id, response_id, (
+                    number, encode_event({"type": kind, "response": response}, number)))
+            turn.first_sequence_number = 2
         run = _Run(tenant.tenant_id, response_id, RunReply(
-            self._store, tenant.tenant_id, response_id,
-            turn.first_sequence_number if chat.stream else None))
-        await self._admitted(run, self._launch(run, self._generate(pipeline, dict(headers),
-                                                                   chat, run)))
+            self._store, tenant.tenant_id, response, turn if chat.stream else None))
+        task = self._launch(run, self._generate(pipeline, dict(headers), chat, run))
+        await self._admitted(run, task, pipeline.settings.retry_after_s)
         return tenant.tenant_id, {**response, "status": "in_progress"}
 
     async def events(self, tenant_id: str, response_id: str,
@@ -121,7 +123,7 @@ class BackgroundResponses:
                 if final:
                     return
                 after = sequence_number
-            if not events and not await self._live(tenant_id, response_id):
+            if not events and not await store.is_live(tenant_id, response_id):
                 for _, event, _ in await store.read_events(tenant_id, response_id, after, None):
                     yield event  # written between the read and the status
                 return
@@ -166,17 +168,29 @@ class BackgroundResponses:
         task.add_done_callback(lambda done: self._forget(done, run.response_id))
         return task
 
-    async def _admitted(self, run: _Run, task: asyncio.Task) -> None:
+    async def _admitted(self, run: _Run, task: asyncio.Task, retry_after_s: int) -> None:
         """Wait until the run's request is admitted; if it ended first, its refusal is the
-        creator's answer and nothing of it stays stored."""
+        creator's answer and nothing of it stays stored (nor when the creator's own task
+        is cancelled meanwhile: no client knows the response's id then)."""
         admitted = asyncio.ensure_future(run.admitted.wait())
         try:
             await asyncio.wait((admitted, task), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            run.ended.set()
+            await run_to_completion(self._forget_stored(run))
+            raise
         finally:
             admitted.cancel()
         if not run.admitted.is_set():
-            await self._store.delete(run.tenant_id, run.response_id)
+            await self._forget_stored(run)
+            if run.reply.status == 0:  # it never answered: the run could not start
+                raise unavailable("the background response could not start; try again",
+                                  retry_after_s)
             raise run.reply.refusal()
+
+    async def _forget_stored(self, run: _Run) -> None:
+        with contextlib.suppress(APIError):  # already gone
+            await self._store.delete(run.tenant_id, run.response_id)
 
     async def _owned(self, run: _Run, generation) -> None:
         """Run `generation` as the run's owner: a fault or a shutdown fails the run."""
@@ -202,9 +216,9 @@ class BackgroundResponses:
         finally:
             renewals.cancel()
         if not run.ended.is_set():  # a run still live now did not complete: it failed
-            await self._store.advance(run.tenant_id, run.response_id, "failed",
-                                      error=run.reply.error())
-            await run.reply.end_stream()
+            error = run.reply.error()
+            await self._store.advance(run.tenant_id, run.response_id, "failed", error=error,
+                                      final_event=run.reply.failed_event(error))
 
     async def _keep_renewing(self, run: _Run) -> None:
         """Renew the run's lease until it is no longer in progress (cancelled, deleted,
@@ -225,13 +239,6 @@ class BackgroundResponses:
             if status != "in_progress":
                 run.ended.set()
                 return
-
-    async def _live(self, tenant_id: str, response_id: str) -> bool:
-        try:
-            stored = await self._store.get(tenant_id, response_id)
-        except APIError:  # deleted
-            return False
-        return stored.response["status"] in _LIVE
 
     async def _renew(self, run: _Run) -> str | None:
         return await self._store.advance(run.tenant_id, run.response_id, "in_progress",

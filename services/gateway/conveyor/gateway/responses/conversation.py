@@ -60,7 +60,9 @@ class ResponsesTurn:
     created_at: int | None = None
     """When a background response was created (its Response keeps that time)."""
     first_sequence_number: int = 0
-    """The first streamed event's number (1 after a background stream's response.queued)."""
+    """The first streamed event's number (2 after a background stream's first two)."""
+    final_event: tuple[int, bytes] | None = None
+    """A streamed background response's last event, written with the stored response."""
 
     @property
     def instructions(self) -> list[ChatMessage]:

@@ -31,10 +31,11 @@ def _format(request: GenerationRequest) -> ResponsesFormat:
 
 def _store(request: GenerationRequest) -> list[ScriptCall]:
     """The complete response and its conversation, when the request said store."""
-    stored = request.body.turn.stored
-    if stored is None:
+    turn = request.body.turn
+    if turn.stored is None:
         return []
-    return [request.pipeline.responses.save_call(request.tenant.tenant_id, stored)]
+    return [request.pipeline.responses.save_call(request.tenant.tenant_id, turn.stored,
+                                                 turn.final_event)]
 
 
 RESPONSES = EndpointKind("responses", "resp", "input", _format, _render_turn, _store)

@@ -1,33 +1,37 @@
 """What a background response's generation sends, read by its run (background.py) instead
 of a client: the status and error of its answer, and a streamed response's events, each
-recorded in the store as it comes."""
+recorded in the store as it comes but the last: a completed stream's final event is
+written with the stored response (ResponsesTurn.final_event), a failed one's with the
+run's failure (`failed_event`), so a reader that sees it finds the response final."""
 
 from __future__ import annotations
 
 import json
 
 from conveyor.gateway.errors import APIError
+from conveyor.gateway.responses.conversation import ResponsesTurn
 from conveyor.gateway.responses.output_format import encode_event, response_error
-from conveyor.gateway.responses.store import ResponseStore
+from conveyor.gateway.responses.store import Event, ResponseStore
 
-_FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+_COMPLETE_EVENTS = ("response.completed", "response.incomplete")
 _KEPT_HEADERS = ("retry-after", "x-ratelimit-")
 """Headers of a refusal that its creator's answer carries on (when to retry)."""
 
 
 class RunReply:
     """An ASGI send that keeps the response's status, error and refusal headers, and
-    records a streamed response's events (`first`: the number of its first event; None:
-    not streamed)."""
+    records a streamed response's events (`turn` set: streamed, from its
+    first_sequence_number; `response`: the response as created)."""
 
-    def __init__(self, store: ResponseStore, tenant_id: str, response_id: str,
-                 first: int | None):
-        self._store, self._tenant_id, self._response_id = store, tenant_id, response_id
-        self._next = first
+    def __init__(self, store: ResponseStore, tenant_id: str, response: dict,
+                 turn: ResponsesTurn | None):
+        self._store, self._tenant_id, self._response = store, tenant_id, response
+        self._turn = turn
+        self._next = turn.first_sequence_number if turn is not None else 0
         self.status = 0
         self._headers: dict[str, str] = {}
         self._body = bytearray()
-        self._final_seen = False
+        self._failed: Event | None = None
         self._failure: dict | None = None
 
     async def __call__(self, message: dict) -> None:
@@ -35,31 +39,34 @@ class RunReply:
             self.status = message["status"]
             self._headers = {k.decode("latin-1"): v.decode("latin-1")
                              for k, v in message.get("headers", ())}
-        elif self._next is None or self.status != 200:
+        elif self._turn is None or self.status != 200:
             self._body += message.get("body", b"")
         else:
             for event in message.get("body", b"").split(b"\n\n"):
                 if event:
-                    await self._record(event + b"\n\n")
+                    await self._take(event + b"\n\n")
 
-    async def _record(self, event: bytes) -> None:
-        kind = event.split(b"\n", 1)[0].removeprefix(b"event: ").decode()
-        final = kind in _FINAL_EVENTS
-        if kind == "response.failed":
-            self._failure = json.loads(event.split(b"data: ", 1)[1])["response"]["error"]
-        await self._store.append_event(self._tenant_id, self._response_id, self._next, event,
-                                       final)
-        self._next += 1
-        self._final_seen |= final
+    async def _take(self, event: bytes) -> None:
+        data = json.loads(event.split(b"data: ", 1)[1])
+        sequence_number, kind = data["sequence_number"], data["type"]
+        self._next = sequence_number + 1
+        if kind in _COMPLETE_EVENTS:
+            self._turn.final_event = (sequence_number, event)
+        elif kind == "response.failed":
+            self._failed, self._failure = (sequence_number, event), data["response"]["error"]
+        else:
+            await self._store.append_event(self._tenant_id, self._response["id"],
+                                           (sequence_number, event))
 
-    async def end_stream(self) -> None:
-        """A streamed response that failed before its final event: record its
-        response.failed, so that its readers see why it ended."""
-        if self._next is None or self._final_seen:
-            return
-        stored = await self._store.get(self._tenant_id, self._response_id)
-        await self._record(encode_event({"type": "response.failed",
-                                         "response": stored.response}, self._next))
+    def failed_event(self, error: dict) -> Event | None:
+        """The response.failed that ends a streamed run that failed: its stream's own, or
+        (it failed before its stream) one made of the response as created; None when
+        not streamed."""
+        if self._turn is None or self._failed is not None:
+            return self._failed
+        failed = {**self._response, "status": "failed", "error": error}
+        return self._next, encode_event({"type": "response.failed", "response": failed},
+                                        self._next)
 
     def refusal(self) -> APIError:
         """The error answer, as the APIError it was sent from (its retry headers kept)."""

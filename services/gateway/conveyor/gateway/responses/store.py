@@ -44,12 +44,18 @@ if ARGV[3] == '1' then
   local run = redis.call('HMGET', KEYS[2], 'status', 'lease_until')
   if run[1] ~= 'in_progress' or tonumber(run[2]) < now then return 0 end
   redis.call('DEL', KEYS[2])
+  if ARGV[4] ~= '' then
+    redis.pcall('XADD', KEYS[3], ARGV[4], 'e', ARGV[5], 'final', '1')
+    redis.call('PEXPIRE', KEYS[3], ARGV[1])
+  end
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
 return 1
 """
 """Writes a complete response; a background one only over its run while in progress
-and leased (a run whose lease ran out already reads failed)."""
+and leased (a run whose lease ran out already reads failed), with its stream's final
+event (ARGV[4], ARGV[5]), so that a reader sees that event only once the response reads
+complete."""
 
 _CREATE_LUA = _NOW + """
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
@@ -68,13 +74,31 @@ else
   status = ARGV[1]
   redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[2]))
   if ARGV[1] == 'failed' then redis.call('HSET', KEYS[1], 'error', ARGV[4]) end
+  if ARGV[5] ~= '' then
+    redis.pcall('XADD', KEYS[2], ARGV[5], 'e', ARGV[6], 'final', '1')
+    redis.call('PEXPIRE', KEYS[2], ARGV[7])
+  end
 end
 redis.call('HSET', KEYS[1], 'status', status)
 return status
 """
 """Moves a live run (queued or in_progress) to ARGV[1] (in_progress, renewing its lease
-for ARGV[2] seconds; cancelled; failed with ARGV[4]); a run whose lease ran out fails with
-ARGV[3]. Returns the run's status after the call (false when there is no run)."""
+for ARGV[2] seconds; cancelled; failed with ARGV[4], its stream's final event ARGV[5],
+ARGV[6] written with it); a run whose lease ran out fails with ARGV[3]. Returns the run's
+status after the call (false when there is no run)."""
+
+_APPEND_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'in_progress' then return 0 end
+redis.pcall('XADD', KEYS[2], ARGV[1], 'e', ARGV[2], 'final', '0')
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+"""Appends a streamed run's event while the run is live (never after a cancel, a DELETE or
+its end); an id already there (a retried call) is left as it is."""
+
+Event = tuple[int, bytes]
+"""A streamed response's event: its sequence_number and its SSE bytes."""
 
 LEASE_LOST = {"code": "server_error",
               "message": "the gateway replica generating this response stopped"}
@@ -111,15 +135,18 @@ class ResponseStore:
         self._save = redis.register_script(_SAVE_LUA)
         self._create = redis.register_script(_CREATE_LUA)
         self._advance = redis.register_script(_ADVANCE_LUA)
+        self._append = redis.register_script(_APPEND_LUA)
 
-    def save_call(self, tenant_id: str, stored: StoredResponse) -> ScriptCall:
+    def save_call(self, tenant_id: str, stored: StoredResponse,
+                  final_event: Event | None = None) -> ScriptCall:
         """The write of `stored`, as a script call to run with the settlement (a background
-        response's only over its in_progress run)."""
+        response's only over its in_progress run, with its stream's final event)."""
         response_id = stored.response["id"]
         background = "1" if stored.response.get("background") else "0"
         return ScriptCall(self._save, [self._key(tenant_id, response_id),
-                                       self._run_key(tenant_id, response_id)],
-                          [self._ttl_ms, _record(stored), background])
+                                       self._run_key(tenant_id, response_id),
+                                       self._events_key(tenant_id, response_id)],
+                          [self._ttl_ms, _record(stored), background, *_event_args(final_event)])
 
     async def create_background(self, tenant_id: str, stored: StoredResponse,
                                 lease_s: float) -> None:
@@ -130,26 +157,33 @@ class ResponseStore:
                            args=[self._ttl_ms, _record(stored), lease_s])
 
     async def advance(self, tenant_id: str, response_id: str, status: str,
-                      lease_s: float = 0.0, error: dict | None = None) -> str | None:
+                      lease_s: float = 0.0, error: dict | None = None,
+                      final_event: Event | None = None) -> str | None:
         """Move the live run to `status` (see _ADVANCE_LUA); its status afterwards."""
         return await self._advance(
-            keys=[self._run_key(tenant_id, response_id)],
-            args=[status, lease_s, json.dumps(LEASE_LOST), json.dumps(error or {})])
+            keys=[self._run_key(tenant_id, response_id),
+                  self._events_key(tenant_id, response_id)],
+            args=[status, lease_s, json.dumps(LEASE_LOST), json.dumps(error or {}),
+                  *_event_args(final_event), self._ttl_ms])
 
-    async def append_event(self, tenant_id: str, response_id: str, sequence_number: int,
-                           event: bytes, final: bool) -> None:
-        """Record one event of a streamed background response (`final`: its last)."""
-        key = self._events_key(tenant_id, response_id)
-        fields = {"e": event, "final": int(final)}
+    async def append_event(self, tenant_id: str, response_id: str, event: Event) -> None:
+        """Record one event of a streamed background response while its run is live."""
+        await self._append(keys=[self._run_key(tenant_id, response_id),
+                                 self._events_key(tenant_id, response_id)],
+                           args=[*_event_args(event), self._ttl_ms])
+
+    async def is_live(self, tenant_id: str, response_id: str) -> bool:
+        """Whether the response's run is queued or in progress and leased (by Redis's clock)."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(key, fields, id=f"0-{sequence_number + 1}")
-            pipe.pexpire(key, self._ttl_ms)
-            await pipe.execute()
+            pipe.hmget(self._run_key(tenant_id, response_id), "status", "lease_until")
+            pipe.time()
+            (status, lease_until), (seconds, microseconds) = await pipe.execute()
+        return status in _LIVE and float(lease_until) >= seconds + microseconds / 1e6
 
     async def read_events(self, tenant_id: str, response_id: str, after: int,
-                          block_ms: int) -> list[tuple[int, bytes, bool]]:
+                          block_ms: int | None) -> list[tuple[int, bytes, bool]]:
         """(sequence_number, event, final) of the events after `after`, waiting up to
-        `block_ms` for one; [] when none came."""
+        `block_ms` for one (None: not at all); [] when none came."""
         key = self._events_key(tenant_id, response_id)
         reply = await self._redis.xread({key: f"0-{after + 1}"}, block=block_ms, count=256)
         return [(int(entry_id.split("-")[1]) - 1, fields["e"].encode(), fields["final"] == "1")
@@ -199,6 +233,11 @@ class ResponseStore:
 
     def _events_key(self, tenant_id: str, response_id: str) -> str:
         return f"{self._prefix}:response-events:{{{tenant_id}}}:{response_id}"
+
+
+def _event_args(event: Event | None) -> list:
+    """A script's (entry id, SSE bytes) of `event`: entry 0-(n+1) holds sequence_number n."""
+    return ["", b""] if event is None else [f"0-{event[0] + 1}", event[1]]
 
 
 def _record(stored: StoredResponse) -> str:
