@@ -10,8 +10,9 @@ model, the real Redis.
   (cached tokens reported);
 - another tenant's key gets 404 for a stored response's id;
 - background: answered once admitted, polled (and streamed, then read again from an event) to the
-  same answer a plain request gets; cancelled mid-generation, the engine left idle with
-  every KV block free.
+  same answer a plain request gets; cancelled mid-generation, or its gateway killed, the
+  engine left idle with every KV block free (killed: the response reads failed once its
+  lease runs out).
 
 tool_choice required and text.format json_schema ask the engine for a constraint: they
 pass once the engine's constrained decoding (issue 29) is merged.
@@ -222,6 +223,26 @@ async def test_cancelling_a_background_response_frees_the_engine(stack, engine_c
     stats = await idle_engine(30.0)
     assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks
     assert (await client.responses.retrieve(queued.id)).status == "cancelled"
+
+
+async def test_a_gateway_killed_mid_run_leaves_its_background_response_failed(
+        stack, extra_gateway, engine_client, idle_engine):
+    owner = extra_gateway(CONVEYOR_GATEWAY_RESPONSES_LEASE_S="2")
+    created = await AsyncOpenAI(base_url=f"http://127.0.0.1:{owner.port}/v1", api_key="unused",
+                                max_retries=0).responses.create(
+        model=MODEL, input="Count from one to one thousand.", max_output_tokens=400,
+        background=True)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while (await engine_client.stats()).num_running == 0:
+        assert loop.time() < deadline, "the background response never started"
+        await asyncio.sleep(0.02)
+    owner.kill()  # SIGKILL: no drain, no goodbye; its lease runs out
+    reader = AsyncOpenAI(base_url=stack.api_url, api_key="unused-locally", max_retries=0)
+    failed = await _settled(reader, created.id, timeout_s=60)
+    assert failed.status == "failed" and "stopped" in failed.error.message
+    stats = await idle_engine(30.0)
+    assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks
 
 
 async def test_a_background_request_over_the_context_is_refused_at_once(stack):
