@@ -45,7 +45,8 @@ async def _running(gateway, wait_until):
 async def test_a_background_response_is_answered_once_admitted_then_completed(gateway):
     client = _client(gateway)
     queued = await client.responses.create(model="fake-model", input="hi", background=True,
-                                           max_output_tokens=5, instructions="Be brief.")
+                                           max_output_tokens=5, instructions="Be brief.",
+                                           background_options={"completion_window": "soonest"})
     assert queued.status == "in_progress" and queued.background and queued.output == []
     done = await _settled(client, queued.id)
     assert (done.id, done.created_at, done.background) == (queued.id, queued.created_at, True)

@@ -152,7 +152,11 @@ async def test_function_calls_and_outputs_become_chat_turns(gateway):
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"background": True, "store": False}, "background"),
-    ({"background_options": {}}, "background_options"),
+    ({"background_options": {}}, "background_options"),  # without background
+    ({"background": True, "background_options": {"completion_window": "2h"}},
+     "background_options.completion_window"),
+    ({"background": True, "background_options": {"continuation_id": "c"}},
+     "background_options.continuation_id"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
     ({"truncation": "auto"}, "truncation"),
     ({"conversation": "conv_1"}, "conversation"),
