@@ -17,10 +17,11 @@ dies leaves a lease that runs out: the response then reads failed.
 
 Streamed (`stream` and `background`), the response's events are recorded in Redis as the
 task's generation writes them (run_reply.py), after a first `response.created` and
-`response.queued` (the response queued); the POST, and any later
-GET with `stream=true` (from `starting_after`, on any replica), tail that record until its
-final event or until the run ends without one (cancelled, or failed before its stream).
-A reader that goes away stops reading; the generation goes on.
+`response.queued` (the response queued); the final event is written with the stored
+response or the run's failure. The POST, and any later GET with `stream=true` (from
+`starting_after`, on any replica), tail that record until its final event, or until the
+run ends without one (cancelled, deleted, its lease lost, its replica shut down). A reader
+that goes away stops reading; the generation goes on.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ A background response (background.py) is written at once, as `queued`, with its 
 the run's status (queued, in_progress, cancelled, failed) is the response's until the
 complete response replaces the record, which happens only over an in_progress run (so a
 cancel, a failure or a DELETE that came first stands). A run whose lease ran out (its
-gateway replica died) reads as failed.
+gateway replica died) reads as failed. Leases are on Redis's clock. A streamed run's
+events are appended only while the run is live; its final event is written by the same
+script that completes or fails it.
 """
 
 from __future__ import annotations
