@@ -77,11 +77,13 @@ async def test_cancel_ends_the_generation_and_stands(gateway, wait_until):
 
 async def test_a_cancel_on_another_replica_reaches_the_one_generating(gateway_factory,
                                                                       wait_until):
-    running_on = await gateway_factory(responses_lease_s=0.5)
-    other = await gateway_factory(responses_lease_s=0.5)
+    # A lease a stalled test loop cannot outlast (the two gateways share it); the running
+    # replica sees the cancel at its next renewal, a tenth of it later.
+    running_on = await gateway_factory(responses_lease_s=3.0)
+    other = _client(await gateway_factory(responses_lease_s=3.0))
     engine = running_on.fakes.engine
     queued = await _running(running_on, wait_until)
-    assert (await _client(other).responses.cancel(queued.id)).status == "cancelled"
+    assert (await other.responses.cancel(queued.id)).status == "cancelled"
     await wait_until(lambda: not engine.running and engine.cancelled, timeout_s=5)
     assert (await _client(running_on).responses.retrieve(queued.id)).status == "cancelled"
 
