@@ -102,9 +102,9 @@ class BackgroundResponses:
             tenant.tenant_id, StoredResponse(response, turn.conversation_with(None)),
             self._lease_s)
         if chat.stream:
-            for number, kind in enumerate(("response.created", "response.queued")):
-                await self._store.append_event(tenant.tenant_id, response_id, (
-                    number, encode_event({"type": kind, "response": response}, number)))
+            await self._store.append_events(tenant.tenant_id, response_id, [
+                (number, encode_event({"type": kind, "response": response}, number))
+                for number, kind in enumerate(("response.created", "response.queued"))])
             turn.first_sequence_number = 2
         run = _Run(tenant.tenant_id, response_id, RunReply(
             self._store, tenant.tenant_id, response, turn if chat.stream else None))
@@ -216,6 +216,7 @@ class BackgroundResponses:
                                                    run.reply)
         finally:
             renewals.cancel()
+        await run.reply.flushed()
         if not run.ended.is_set():  # a run still live now did not complete: it failed
             error = run.reply.error()
             await self._store.advance(run.tenant_id, run.response_id, "failed", error=error,

@@ -2,10 +2,16 @@
 of a client: the status and error of its answer, and a streamed response's events, each
 recorded in the store as it comes but the last: a completed stream's final event is
 written with the stored response (ResponsesTurn.final_event), a failed one's with the
-run's failure (`failed_event`), so a reader that sees it finds the response final."""
+run's failure (`failed_event`), so a reader that sees it finds the response final.
+
+Events are not written one round trip each on the generation's path: they queue, and one
+flushing task at a time writes all that queued since its last write in one script call.
+The queue is flushed before the final event is handed on, so the final event, whose id is
+the highest, is written last."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from conveyor.gateway.errors import APIError
@@ -33,6 +39,8 @@ class RunReply:
         self._body = bytearray()
         self._failed: Event | None = None
         self._failure: dict | None = None
+        self._queued: list[Event] = []
+        self._flushing: asyncio.Task | None = None
 
     async def __call__(self, message: dict) -> None:
         if message["type"] == "http.response.start":
@@ -51,12 +59,25 @@ class RunReply:
         sequence_number, kind = data["sequence_number"], data["type"]
         self._next = sequence_number + 1
         if kind in _COMPLETE_EVENTS:
+            await self.flushed()
             self._turn.final_event = (sequence_number, event)
         elif kind == "response.failed":
             self._failed, self._failure = (sequence_number, event), data["response"]["error"]
         else:
-            await self._store.append_event(self._tenant_id, self._response["id"],
-                                           (sequence_number, event))
+            self._queued.append((sequence_number, event))
+            if self._flushing is None or self._flushing.done():
+                self._flushing = asyncio.create_task(self._flush())
+
+    async def flushed(self) -> None:
+        """Wait until every event queued so far is written (its failure raised here)."""
+        if self._flushing is not None:
+            await self._flushing
+        await self._flush()
+
+    async def _flush(self) -> None:
+        while self._queued:
+            events, self._queued = self._queued, []
+            await self._store.append_events(self._tenant_id, self._response["id"], events)
 
     def failed_event(self, error: dict) -> Event | None:
         """The response.failed that ends a streamed run that failed: its stream's own, or

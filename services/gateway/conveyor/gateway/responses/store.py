@@ -92,12 +92,15 @@ status after the call (false when there is no run)."""
 _APPEND_LUA = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'in_progress' then return 0 end
-redis.pcall('XADD', KEYS[2], ARGV[1], 'e', ARGV[2], 'final', '0')
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+for i = 2, #ARGV, 2 do
+  redis.pcall('XADD', KEYS[2], ARGV[i], 'e', ARGV[i + 1], 'final', '0')
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 1
 """
-"""Appends a streamed run's event while the run is live (never after a cancel, a DELETE or
-its end); an id already there (a retried call) is left as it is."""
+"""Appends a streamed run's events (ARGV[2..]: id, event pairs, in order) while the run
+is live (never after a cancel, a DELETE or its end); an id already there (a retried call)
+is left as it is."""
 
 Event = tuple[int, bytes]
 """A streamed response's event: its sequence_number and its SSE bytes."""
@@ -168,11 +171,13 @@ class ResponseStore:
             args=[status, lease_s, json.dumps(LEASE_LOST), json.dumps(error or {}),
                   *_event_args(final_event), self._ttl_ms])
 
-    async def append_event(self, tenant_id: str, response_id: str, event: Event) -> None:
-        """Record one event of a streamed background response while its run is live."""
+    async def append_events(self, tenant_id: str, response_id: str,
+                            events: list[Event]) -> None:
+        """Record events of a streamed background response, in order, in one round trip,
+        while its run is live."""
         await self._append(keys=[self._run_key(tenant_id, response_id),
                                  self._events_key(tenant_id, response_id)],
-                           args=[*_event_args(event), self._ttl_ms])
+                           args=[self._ttl_ms, *(a for e in events for a in _event_args(e))])
 
     async def is_live(self, tenant_id: str, response_id: str) -> bool:
         """Whether the response's run is queued or in progress and leased (by Redis's clock)."""
