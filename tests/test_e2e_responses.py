@@ -8,6 +8,8 @@ model, the real Redis.
 - text.format json_schema: the output parses and validates;
 - a three-turn previous_response_id chain whose prompts reuse the prefix cache
   (cached tokens reported);
+- truncation "auto": a conversation past the context is served from its last turn that fits
+  (the prompt the engine got counted by /tokenize), refused without it;
 - another tenant's key gets 404 for a stored response's id;
 - background: answered once admitted, polled (and streamed, then read again from an event) to the
   same answer a plain request gets; cancelled mid-generation, or its gateway killed, the
@@ -24,6 +26,7 @@ import asyncio
 import json
 import uuid
 
+import httpx
 import jsonschema
 import pytest
 from openai import AsyncOpenAI, BadRequestError, NotFoundError, OpenAI
@@ -163,6 +166,36 @@ def _new_key(stack) -> str:
             await redis.aclose()
 
     return asyncio.run(create())
+
+
+async def test_truncation_auto_serves_the_last_turns_that_fit(stack, idle_engine):
+    client = AsyncOpenAI(base_url=stack.api_url, api_key="unused-locally", max_retries=0)
+    texts = [f"Turn {i}: " + "the quick brown fox jumps over the lazy dog " * 4 for i in range(5)]
+    turns = [{"role": ("user", "assistant")[i % 2], "content": t} for i, t in enumerate(texts)]
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as http:
+        async def count(messages):
+            reply = await http.post("/tokenize", json={"model": MODEL, "messages": messages})
+            return reply.json()["count"]
+        last, from_second_user = await count(turns[4:]), await count(turns[2:])
+        assert from_second_user > last
+        model = (await http.get(f"/v1/models/{MODEL}")).json()
+        room = model["max_model_len"] - last  # the last turn alone fits, with nothing to spare
+        with pytest.raises(BadRequestError) as caught:
+            await client.responses.create(model=MODEL, input=turns, max_output_tokens=room)
+        assert caught.value.code == "context_length_exceeded"
+        async with await client.responses.create(model=MODEL, input=turns, stream=True,
+                                                 max_output_tokens=room,
+                                                 truncation="auto") as stream:
+            request_id = stream.response.headers["x-request-id"]
+            async for event in stream:
+                if event.type == "response.created":
+                    assert event.response.truncation == "auto"
+                if event.type == "response.output_text.delta":
+                    break  # closed early: the engine aborts the rest
+        timeline = (await http.get(f"/v1/requests/{request_id}")).json()
+    assert timeline["num_prompt_tokens"] == last
+    stats = await idle_engine(30.0)
+    assert stats.num_running == 0 and stats.num_free_blocks == stats.num_blocks
 
 
 def test_another_tenant_gets_404_for_a_stored_response(stack, auth_client):

@@ -80,6 +80,49 @@ async def test_stored_responses_chain_and_can_be_read_and_deleted(gateway):
     assert caught.value.body["param"] == "previous_response_id"
 
 
+def _turns(*texts: str) -> list[dict]:
+    """Messages alternating user, assistant, user, ..."""
+    return [{"role": ("user", "assistant")[i % 2], "content": text} for i, text in enumerate(texts)]
+
+
+async def test_truncation_auto_drops_the_oldest_turns_until_the_conversation_fits(gateway):
+    client = _client(gateway)
+    a, b, c, d, e = "a" * 60, "b" * 5, "c" * 20, "d" * 20, "e" * 20  # fake tokens: characters
+    conversation = {"model": "fake-model", "instructions": "be brief", "max_output_tokens": 2,
+                    "input": _turns(a, b, c, d, e)}  # 191 tokens with the instructions: > 128
+    # from b on it would fit (125 + 2), but a cut falls only where a turn starts (a user message)
+    with pytest.raises(BadRequestError) as caught:
+        await client.responses.create(**conversation)
+    assert caught.value.code == "context_length_exceeded" and not gateway.fakes.engine.requests
+    response = await client.responses.create(**conversation, truncation="auto")
+    [request] = gateway.fakes.engine.requests
+    assert _prompt_text(request) == (
+        f"system:be brief\nuser:{c}\nassistant:{d}\nuser:{e}\nassistant:")
+    assert response.truncation == "auto" and response.usage.input_tokens == 109
+    items = [i async for i in client.responses.input_items.list(response.id, order="asc")]
+    assert [i.content[0].text for i in items] == [a, b, c, d, e]  # stored whole
+    later = await client.responses.create(model="fake-model", input=a, max_output_tokens=2,
+                                          previous_response_id=response.id, truncation="auto")
+    assert _prompt_text(gateway.fakes.engine.requests[-1]) == (
+        f"user:{e}\nassistant:He\nuser:{a}\nassistant:")  # the stored turns cut the same way
+    assert later.truncation == "auto"
+
+
+async def test_truncation_auto_keeps_the_whole_conversation_when_it_fits(gateway):
+    client = _client(gateway)
+    await client.responses.create(model="fake-model", input=_turns("one", "two", "three"),
+                                  max_output_tokens=2, truncation="auto")
+    [request] = gateway.fakes.engine.requests
+    assert _prompt_text(request) == "user:one\nassistant:two\nuser:three\nassistant:"
+
+
+async def test_truncation_auto_refuses_a_last_turn_that_does_not_fit_alone(gateway):
+    with pytest.raises(BadRequestError) as caught:
+        await _client(gateway).responses.create(
+            model="fake-model", input=_turns("x", "y", "z" * 200), truncation="auto")
+    assert caught.value.code == "context_length_exceeded" and not gateway.fakes.engine.requests
+
+
 async def test_input_items_list_the_chain_before_the_answer_in_pages(gateway):
     client = _client(gateway)
     tools = [{"type": "function", "name": "weather",
@@ -158,7 +201,6 @@ async def test_function_calls_and_outputs_become_chat_turns(gateway):
     ({"background": True, "background_options": {"continuation_id": "c"}},
      "background_options.continuation_id"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
-    ({"truncation": "auto"}, "truncation"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"tools": [{"type": "web_search"}]}, "tools.0"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},

@@ -94,6 +94,8 @@ BAD_INPUTS = [
      "max_model_len 128"),
     ("Tokenize", pb.TokenizeRequest(token_ids=pb.TokenIds(ids=[5] * 129), max_model_len=128),
      CONTEXT_LENGTH_EXCEEDED, "prompt_len 129 + max_tokens 0 = 129 tokens exceeds"),
+    ("Tokenize", pb.TokenizeRequest(text="a" * (16 * MODEL_MAX_LEN + 1)), CONTEXT_LENGTH_EXCEEDED,
+     "the prompt has 131073 characters, more than the 131072 this service tokenizes"),
     ("Tokenize", pb.TokenizeRequest(text=""), INVALID_REQUEST,
      "prompt is empty; send text or token ids"),
     ("Tokenize", pb.TokenizeRequest(), INVALID_REQUEST, "prompt is missing; set text or token_ids"),

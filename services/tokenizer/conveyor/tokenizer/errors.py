@@ -27,9 +27,14 @@ def check_context_length(prompt_len: int, max_tokens: int, max_model_len: int) -
         raise ContextLengthExceeded(prompt_len, max_tokens, max_model_len)
 
 
+class TextTooLong(InvalidRequest):
+    """Text with more characters than max_model_len's tokens could hold (refused before it
+    is tokenized); a context length exceeded, as the gateway reports it."""
+
+
 def check_text_length(num_chars: int, max_chars: int, what: str = "the prompt") -> None:
-    """Raise InvalidRequest for text too long to fit max_model_len, before tokenizing it."""
+    """Raise TextTooLong for text too long to fit max_model_len, before tokenizing it."""
     if num_chars > max_chars:
-        raise InvalidRequest(
+        raise TextTooLong(
             f"{what} has {num_chars} characters, more than the {max_chars} this service "
             f"tokenizes (CONVEYOR_TOKENIZER_MAX_CHARS_PER_TOKEN x max_model_len); shorten it")

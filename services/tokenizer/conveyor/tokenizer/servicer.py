@@ -10,7 +10,7 @@ import grpc
 from conveyor.common.errors import CONTEXT_LENGTH_EXCEEDED, ERROR_REASON_KEY, INVALID_REQUEST
 from conveyor.tokenizer.chat_request import ChatRequest
 from conveyor.tokenizer.conversation import ChatMessage, ContentPart
-from conveyor.tokenizer.errors import ContextLengthExceeded, InvalidRequest
+from conveyor.tokenizer.errors import ContextLengthExceeded, InvalidRequest, TextTooLong
 from conveyor.tokenizer.prompt import TextPrompt, TokenIdsPrompt, TokenizedPrompt
 from conveyor.tokenizer.prompt_service import PromptService
 from conveyor.v1 import tokenizer_pb2, tokenizer_pb2_grpc
@@ -21,7 +21,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
     Bad input aborts with INVALID_ARGUMENT; the trailing metadata key
     `conveyor-error-reason` says `context_length_exceeded` (the message names
-    prompt_len, max_tokens and max_model_len) or `invalid_request`.
+    prompt_len, max_tokens and max_model_len, or the characters past the text limit) or
+    `invalid_request`.
     """
 
     def __init__(self, service: PromptService):
@@ -77,7 +78,7 @@ async def _or_abort(context, work: Awaitable):
     try:
         return await work
     except InvalidRequest as exc:
-        too_long = isinstance(exc, ContextLengthExceeded)
+        too_long = isinstance(exc, ContextLengthExceeded | TextTooLong)
         reason = CONTEXT_LENGTH_EXCEEDED if too_long else INVALID_REQUEST
         context.set_trailing_metadata(((ERROR_REASON_KEY, reason),))
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

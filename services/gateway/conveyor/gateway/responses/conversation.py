@@ -70,9 +70,14 @@ class ResponsesTurn:
         return [ChatMessage(role="system", content=text)] if text else []
 
     @property
+    def conversation(self) -> list[ChatMessage]:
+        """The conversation so far, then this input."""
+        return [*self.history, *self.input_messages]
+
+    @property
     def messages(self) -> list[ChatMessage]:
-        """What the model reads: instructions, the conversation so far, this input."""
-        return [*self.instructions, *self.history, *self.input_messages]
+        """What the model reads (uncut): the instructions, then the conversation."""
+        return [*self.instructions, *self.conversation]
 
     async def continue_from(self, store: ResponseStore, tenant_id: str) -> None:
         """Load the conversation of previous_response_id (404 if the tenant has none, 400
@@ -86,8 +91,7 @@ class ResponsesTurn:
         """The conversation to store with the response: all but the instructions (and
         no answer yet while a background response waits)."""
         answers = [answer] if answer is not None else []
-        return [m.model_dump(exclude_none=True)
-                for m in (*self.history, *self.input_messages, *answers)]
+        return [m.model_dump(exclude_none=True) for m in (*self.conversation, *answers)]
 
 
 class ResponsesChat(ChatCompletionRequest):

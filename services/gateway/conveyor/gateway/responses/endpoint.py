@@ -11,15 +11,20 @@ from conveyor.gateway.endpoints import EndpointKind
 from conveyor.gateway.generation_request import GenerationRequest
 from conveyor.gateway.responses.conversation import ResponsesChat
 from conveyor.gateway.responses.output_format import ResponsesFormat
+from conveyor.gateway.responses.truncation import render_fitting
 
 
 async def _render_turn(request: GenerationRequest) -> list[PromptTokens]:
-    """The conversation so far (loaded from the store) and this turn's input, rendered."""
+    """The conversation so far (loaded from the store) and this turn's input, rendered;
+    with truncation "auto", its oldest turns dropped until it fits (responses/truncation.py)."""
     body: ResponsesChat = request.body
-    pipeline = request.pipeline
-    await body.turn.continue_from(pipeline.responses, request.tenant.tenant_id)
+    turn, pipeline = body.turn, request.pipeline
+    await turn.continue_from(pipeline.responses, request.tenant.tenant_id)
     render = render_input(body, body.requested_max_tokens, request.model)
-    render.messages = chat_turns(body.turn.messages)
+    if turn.request.truncation == "auto":
+        return [await render_fitting(pipeline.tokenizer, render, turn.instructions,
+                                     turn.conversation)]
+    render.messages = chat_turns(turn.messages)
     return [await pipeline.tokenizer.render(render)]
 
 

@@ -230,7 +230,7 @@ class ResponsesFormat(ResponseFormat):
             "tools": [_dumped(tool) for tool in request.tools or ()],
             "top_logprobs": request.top_logprobs or 0,
             "top_p": 1.0 if request.top_p is None else request.top_p,
-            "truncation": "disabled", "usage": usage, "user": request.user,
+            "truncation": request.truncation or "disabled", "usage": usage, "user": request.user,
             "metadata": request.metadata or {},
         }
 
