@@ -8,6 +8,8 @@ model, the real Redis.
 - text.format json_schema: the output parses and validates;
 - a three-turn previous_response_id chain whose prompts reuse the prefix cache
   (cached tokens reported);
+- a conversation (the Conversations API): its items read before the input (the prompt the
+  engine got counted by /tokenize), the turn added to it, then the conversation deleted;
 - truncation "auto": a conversation past the context is served from its last turn that fits
   (the prompt the engine got counted by /tokenize), refused without it;
 - another tenant's key gets 404 for a stored response's id;
@@ -166,6 +168,29 @@ def _new_key(stack) -> str:
             await redis.aclose()
 
     return asyncio.run(create())
+
+
+async def test_a_response_continues_a_conversation_and_adds_its_turn(stack):
+    client = AsyncOpenAI(base_url=stack.api_url, api_key="unused-locally", max_retries=0)
+    earlier = [{"role": "user", "content": "My name is Ada."},
+               {"role": "assistant", "content": "Nice to meet you, Ada."}]
+    conversation = await client.conversations.create(items=earlier, metadata={"suite": "e2e"})
+    raw = await client.responses.with_raw_response.create(
+        model=MODEL, input="What is my name?", conversation=conversation.id,
+        max_output_tokens=8, temperature=0)
+    response = raw.parse()
+    assert response.conversation.id == conversation.id and response.output_text.strip()
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as http:
+        counted = await http.post("/tokenize", json={"model": MODEL, "messages": [
+            *earlier, {"role": "user", "content": "What is my name?"}]})
+        timeline = await http.get(f"/v1/requests/{raw.headers['x-request-id']}")
+    assert timeline.json()["num_prompt_tokens"] == counted.json()["count"]
+    items = [i async for i in client.conversations.items.list(conversation.id, order="asc")]
+    assert [i.role for i in items] == ["user", "assistant", "user", "assistant"]
+    assert items[3].content[0].text == response.output_text
+    await client.conversations.delete(conversation.id)
+    with pytest.raises(NotFoundError):
+        await client.responses.create(model=MODEL, input="again", conversation=conversation.id)
 
 
 async def test_truncation_auto_serves_the_last_turns_that_fit(stack, idle_engine):

@@ -201,7 +201,7 @@ async def test_function_calls_and_outputs_become_chat_turns(gateway):
     ({"background": True, "background_options": {"continuation_id": "c"}},
      "background_options.continuation_id"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
-    ({"conversation": "conv_1"}, "conversation"),
+    ({"conversation": "conv_1", "previous_response_id": "resp-1"}, "conversation"),
     ({"tools": [{"type": "web_search"}]}, "tools.0"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input"),

@@ -21,6 +21,7 @@ from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.probes import router as probes_router
 from conveyor.gateway.responses.api import router as responses_router
 from conveyor.gateway.responses.background import BackgroundResponses
+from conveyor.gateway.responses.conversations_api import router as conversations_router
 from conveyor.gateway.routes import router
 from conveyor.gateway.settings import GatewaySettings
 from conveyor.gateway.validation_errors import validation_error
@@ -50,6 +51,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(probes_router)
     app.include_router(batches_router)
     app.include_router(responses_router)
+    app.include_router(conversations_router)
     app.include_router(lora_router)
     app.add_middleware(RequestSpanMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes,

@@ -18,6 +18,7 @@ from conveyor.gateway.lora.catalog import LoraCatalog
 from conveyor.gateway.models import ModelCatalog
 from conveyor.gateway.observability import GatewayMetrics
 from conveyor.gateway.replica_sets import replica_set
+from conveyor.gateway.responses.conversation_store import ConversationStore
 from conveyor.gateway.responses.store import ResponseStore
 from conveyor.gateway.routing.directory import EngineDirectory, EnginePicker, StaticEngines
 from conveyor.gateway.routing.router import Router
@@ -48,6 +49,7 @@ class Pipeline:
     catalog: ModelCatalog
     metrics: GatewayMetrics
     responses: ResponseStore
+    conversations: ConversationStore
     draining: bool = False
 
     @classmethod
@@ -86,6 +88,8 @@ class Pipeline:
             metrics=metrics,
             responses=ResponseStore(redis, prefix=settings.redis_prefix,
                                     ttl_s=settings.responses_ttl_s),
+            conversations=ConversationStore(redis, prefix=settings.redis_prefix,
+                                            ttl_s=settings.responses_ttl_s),
         )
 
     async def close(self) -> None:

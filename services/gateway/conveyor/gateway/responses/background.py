@@ -93,7 +93,7 @@ class BackgroundResponses:
         tenant = await pipeline.admitter.authenticate(headers)
         model = await pipeline.catalog.resolve(chat.model, tenant.tenant_id)
         turn = chat.turn
-        await turn.continue_from(self._store, tenant.tenant_id)
+        await turn.continue_from(self._store, pipeline.conversations, tenant.tenant_id)
         turn.created_at = int(time.time())
         response_id = f"{RESPONSES.id_prefix}-{uuid.uuid4().hex}"
         response = ResponsesFormat(response_id, model.name, num_top_logprobs(chat),

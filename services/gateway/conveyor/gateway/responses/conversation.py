@@ -1,14 +1,10 @@
 """A Responses API request as the chat request the path serves.
 
 The conversation the model continues is, in order: the `instructions` (a system
-message), the stored conversation of `previous_response_id` (loaded once the caller is
-known: `ResponsesTurn.continue_from`), and the `input` items:
-
-    message (user, system, developer)   that message
-    message (assistant; output_text)    an assistant message with that text
-    function_call                       an assistant message's tool call (consecutive
-                                        calls, or calls after its text, join one message)
-    function_call_output                a tool message answering that call_id
+message), the stored conversation of `previous_response_id` or the items of `conversation`
+(loaded once the caller is known: `ResponsesTurn.continue_from`), and the `input` items,
+each as chat messages (items.py). A complete response adds its input and output items to
+its `conversation`.
 
 Tools (flat function tools), tool_choice, text.format (-> response_format),
 max_output_tokens (-> max_completion_tokens), sampling and the fields chat shares
@@ -33,12 +29,11 @@ from conveyor.gateway.api.tools import (
     NamedToolChoice,
     Tool,
 )
+from conveyor.gateway.responses.conversation_store import ConversationStore
+from conveyor.gateway.responses.items import chat_messages, kept_items, read_back
 from conveyor.gateway.responses.request_body import (
-    FunctionCallItem,
-    FunctionCallOutputItem,
     FunctionChoice,
     FunctionTool,
-    MessageItem,
     ResponsesRequest,
     TextFormatJsonObject,
     TextFormatJsonSchema,
@@ -54,9 +49,12 @@ class ResponsesTurn:
     request: ResponsesRequest
     input_messages: list[ChatMessage]
     history: list[ChatMessage] = field(default_factory=list)
-    """The stored conversation of previous_response_id (none without one)."""
+    """The stored conversation of previous_response_id, or the items of `conversation`."""
+    loaded: bool = False
     stored: StoredResponse | None = None
     """What to store, set by the format when the response is complete."""
+    new_items: list[dict] = field(default_factory=list)
+    """What a complete response adds to its `conversation`: its input, then its output."""
     created_at: int | None = None
     """When a background response was created (its Response keeps that time)."""
     first_sequence_number: int = 0
@@ -79,13 +77,34 @@ class ResponsesTurn:
         """What the model reads (uncut): the instructions, then the conversation."""
         return [*self.instructions, *self.conversation]
 
-    async def continue_from(self, store: ResponseStore, tenant_id: str) -> None:
+    async def continue_from(self, responses: ResponseStore, conversations: ConversationStore,
+                            tenant_id: str) -> None:
         """Load the conversation of previous_response_id (404 if the tenant has none, 400
-        if it is not complete); once (a background response loads it when created)."""
-        previous_id = self.request.previous_response_id
-        if previous_id is not None and not self.history:
-            previous = await store.get_answered(tenant_id, previous_id, "previous_response_id")
+        if it is not complete) or the items of `conversation` (404 if the tenant has no
+        such conversation); once (a background response loads it when created)."""
+        if self.loaded:
+            return
+        previous_id, conversation_id = self.request.previous_response_id, self.conversation_id
+        if previous_id is not None:
+            previous = await responses.get_answered(tenant_id, previous_id,
+                                                    "previous_response_id")
             self.history = [ChatMessage.model_validate(m) for m in previous.conversation]
+        elif conversation_id is not None:
+            items = await conversations.items(tenant_id, conversation_id, "conversation")
+            self.history = chat_messages(read_back(items))
+        self.loaded = True
+
+    @property
+    def conversation_id(self) -> str | None:
+        return self.request.conversation_id
+
+    def answered_with(self, response: dict, answer: ChatMessage) -> None:
+        """Keep what the complete `response` stores (when `store`) and adds to its
+        conversation (when it has one)."""
+        if self.request.store:
+            self.stored = StoredResponse(response, self.conversation_with(answer))
+        if self.conversation_id is not None:
+            self.new_items = [*kept_items(self.request.input), *response["output"]]
 
     def conversation_with(self, answer: ChatMessage | None) -> list[dict]:
         """The conversation to store with the response: all but the instructions (and
@@ -108,7 +127,7 @@ class ResponsesChat(ChatCompletionRequest):
 def chat_request(body: ResponsesRequest) -> ResponsesChat:
     """The chat request `body` is served as (its input's messages; the stored
     conversation joins them when the turn continues one)."""
-    turn = ResponsesTurn(body, input_messages(body))
+    turn = ResponsesTurn(body, chat_messages(body.input))
     text = body.text
     chat = ResponsesChat(
         model=body.model, messages=turn.messages, max_completion_tokens=body.max_output_tokens,
@@ -128,33 +147,6 @@ def chat_request(body: ResponsesRequest) -> ResponsesChat:
         safety_identifier=body.safety_identifier)
     chat._turn = turn
     return chat
-
-
-def input_messages(body: ResponsesRequest) -> list[ChatMessage]:
-    """The chat messages of the request's `input` items, in order."""
-    if isinstance(body.input, str):
-        return [ChatMessage(role="user", content=body.input)]
-    messages: list[ChatMessage] = []
-    for item in body.input:
-        if isinstance(item, MessageItem):
-            messages.append(ChatMessage(role=item.role, content=item.text))
-        elif isinstance(item, FunctionCallItem):
-            _add_call(messages, item)
-        elif isinstance(item, FunctionCallOutputItem):
-            messages.append(ChatMessage(role="tool", tool_call_id=item.call_id,
-                                        content=item.text))
-    return messages
-
-
-def _add_call(messages: list[ChatMessage], item: FunctionCallItem) -> None:
-    """The call joins the assistant message before it, or starts one."""
-    call = {"id": item.call_id, "type": "function",
-            "function": {"name": item.name, "arguments": item.arguments}}
-    last = messages[-1] if messages else None
-    if last is not None and last.role == "assistant":
-        last.tool_calls = [*(last.tool_calls or []), call]
-    else:
-        messages.append(ChatMessage(role="assistant", tool_calls=[call]))
 
 
 def _tool(tool: FunctionTool) -> Tool:

@@ -19,7 +19,8 @@ async def _render_turn(request: GenerationRequest) -> list[PromptTokens]:
     with truncation "auto", its oldest turns dropped until it fits (responses/truncation.py)."""
     body: ResponsesChat = request.body
     turn, pipeline = body.turn, request.pipeline
-    await turn.continue_from(pipeline.responses, request.tenant.tenant_id)
+    await turn.continue_from(pipeline.responses, pipeline.conversations,
+                             request.tenant.tenant_id)
     render = render_input(body, body.requested_max_tokens, request.model)
     if turn.request.truncation == "auto":
         return [await render_fitting(pipeline.tokenizer, render, turn.instructions,
@@ -35,12 +36,18 @@ def _format(request: GenerationRequest) -> ResponsesFormat:
 
 
 def _store(request: GenerationRequest) -> list[ScriptCall]:
-    """The complete response and its conversation, when the request said store."""
-    turn = request.body.turn
-    if turn.stored is None:
-        return []
-    return [request.pipeline.responses.save_call(request.tenant.tenant_id, turn.stored,
-                                                 turn.final_event)]
+    """The complete response and its conversation, when the request said store; then its
+    items added to its `conversation` (a background one's only once it is saved)."""
+    turn, pipeline, tenant_id = request.body.turn, request.pipeline, request.tenant.tenant_id
+    calls = []
+    if turn.stored is not None:
+        calls.append(pipeline.responses.save_call(tenant_id, turn.stored, turn.final_event))
+    if turn.new_items:
+        run_key = (pipeline.responses.run_key(tenant_id, request.request_id)
+                   if turn.request.background else None)
+        calls.append(pipeline.conversations.add_call(tenant_id, turn.conversation_id,
+                                                     turn.new_items, run_key))
+    return calls
 
 
 RESPONSES = EndpointKind("responses", "resp", "input", _format, _render_turn, _store)

@@ -33,8 +33,9 @@ def refuse_unserved_query(query: Mapping[str, str], served: tuple[str, ...] = QU
     """A 400 naming the first query parameter the endpoint (serving `served`) does not."""
     for name in query:
         if name not in served:
+            takes = f"takes {', '.join(served)}" if served else "takes no query parameters"
             raise bad_request(f"{name.removesuffix('[]')} is not supported: this endpoint "
-                              f"takes {', '.join(served)}", name.removesuffix("[]"))
+                              f"{takes}", name.removesuffix("[]"))
 
 
 def input_items(stored: StoredResponse) -> list[dict]:
@@ -72,7 +73,7 @@ def items_page(items: list[dict], after: str | None, limit: int, order: str) -> 
     if after is not None:
         ids = [item["id"] for item in ordered]
         if after not in ids:
-            raise bad_request(f"after: no input item {after!r} in this response", "after")
+            raise bad_request(f"after: no item {after!r} in this list", "after")
         start = ids.index(after) + 1
     page = ordered[start:start + limit]
     return list_page(page, start + limit < len(ordered))

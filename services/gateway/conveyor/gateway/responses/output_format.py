@@ -17,7 +17,8 @@ official SDK reads them, each event an SSE `event: <type>` line and a `data:` li
     (a failure after the start: error, then response.failed)
 
 The complete response (streamed or not) is what is stored, with its conversation, when
-the request said `store` (ResponsesTurn.stored, written with the settlement).
+the request said `store`, and its input and output items are what its `conversation` gains
+(ResponsesTurn.answered_with; both written with the settlement).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from conveyor.gateway.errors import APIError
 from conveyor.gateway.logprob_entries import chat_logprobs
 from conveyor.gateway.response_formats import ChoiceResult, OutputOptions, ResponseFormat
 from conveyor.gateway.responses.conversation import ResponsesTurn
-from conveyor.gateway.responses.store import StoredResponse
 from conveyor.gateway.usage_totals import UsageTotals
 
 
@@ -185,13 +185,12 @@ class ResponsesFormat(ResponseFormat):
         return self._final([item.as_dict(_status(usage)) for item in self._items], usage)
 
     def _final(self, output: list[dict], usage: UsageTotals) -> dict:
-        """The complete response; kept for the store when the request said store."""
+        """The complete response; kept for the store and the conversation
+        (ResponsesTurn.answered_with)."""
         response = self._response(_status(usage), output, _usage(usage))
         if usage.finish_reason == "length":
             response["incomplete_details"] = {"reason": "max_output_tokens"}
-        if self.turn.request.store:
-            self.turn.stored = StoredResponse(response, self.turn.conversation_with(
-                self._answer()))
+        self.turn.answered_with(response, self._answer())
         return response
 
     def _answer(self) -> ChatMessage:
@@ -212,7 +211,9 @@ class ResponsesFormat(ResponseFormat):
         return {
             "id": self.response_id, "object": "response", "created_at": self.created,
             "status": status, "completed_at": time.time() if status == "completed" else None,
-            "background": bool(request.background), "error": None, "incomplete_details": None,
+            "background": bool(request.background),
+            "conversation": {"id": request.conversation_id} if request.conversation_id else None,
+            "error": None, "incomplete_details": None,
             "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
             "max_tool_calls": request.max_tool_calls, "model": self.model, "output": output,
             "parallel_tool_calls": request.parallel_tool_calls,

@@ -3,8 +3,8 @@
 Every field of the openai SDK's ResponseCreateParams is declared: honoured, without
 effect by its own definition for this model (reasoning, text.verbosity, max_tool_calls,
 which counts built-in tool calls and there are none), or refused with a 400 naming it
-when set to what this server cannot do (background options, conversation, prompt templates,
-hosted tools, media input, ...). A field in no schema is a 400
+when set to what this server cannot do (background options, prompt templates, hosted tools,
+media input, ...). A field in no schema is a 400
 naming it, as for chat (docs/api.md lists them all).
 """
 
@@ -68,7 +68,7 @@ class MediaPart(BodyPart):
 
     @model_validator(mode="after")
     def _refused(self):
-        raise unsupported("input", "this model reads text only", what=self.type)
+        raise unsupported("input.type", "this model reads text only", what=self.type)
 
 
 ContentPart = Annotated[InputText | OutputText | Refusal | MediaPart,
@@ -131,7 +131,7 @@ class ItemReference(BodyPart):
 
     @model_validator(mode="after")
     def _refused(self):
-        raise unsupported("input", "send the item itself, or previous_response_id to "
+        raise unsupported("input.type", "send the item itself, or previous_response_id to "
                           "continue a stored response", what="item_reference")
 
 
@@ -213,6 +213,10 @@ class BackgroundOptions(BodyPart):
     continuation_id: str | None = None
 
 
+class ConversationRef(BodyPart):
+    id: str = Field(min_length=1)
+
+
 class ResponsesStreamOptions(BodyPart):
     include_obfuscation: bool = False
     """Text deltas carry an `obfuscation` field evening out their sizes (off unless asked)."""
@@ -221,7 +225,6 @@ class ResponsesStreamOptions(BodyPart):
 _REFUSED = {
     "access_programs": "no access programs are served here",
     "context_management": "context compaction is not served",
-    "conversation": "the Conversations API is not served; send previous_response_id",
     "image": "this model reads text only",
     "moderation": "no moderation model runs here",
     "prompt": "prompt templates are not served; send instructions and input",
@@ -267,7 +270,9 @@ class ResponsesRequest(_ResponsesKnobs):
     access_programs: Any = None
     background_options: BackgroundOptions | None = None
     context_management: Any = None
-    conversation: Any = None
+    conversation: str | ConversationRef | None = None
+    """A conversation (the Conversations API) whose items come before the input; a complete
+    response adds its input and output items to it."""
     image: Any = None
     moderation: Any = None
     prompt: Any = None
@@ -283,6 +288,9 @@ class ResponsesRequest(_ResponsesKnobs):
     @model_validator(mode="after")
     def _refused_fields(self):
         refuse_set_fields(self, _REFUSED)
+        if self.conversation is not None and self.previous_response_id is not None:
+            raise invalid("conversation", "conversation and previous_response_id are mutually "
+                          "exclusive: send one of them")
         if self.background and not self.store:
             raise invalid("background", "background responses are stored: store must be true")
         self._check_background_options()
@@ -309,6 +317,11 @@ class ResponsesRequest(_ResponsesKnobs):
         if options.continuation_id is not None:
             raise unsupported("background_options.continuation_id", "related background "
                               "requests are not prioritized together here")
+
+    @property
+    def conversation_id(self) -> str | None:
+        conversation = self.conversation
+        return conversation.id if isinstance(conversation, ConversationRef) else conversation
 
     @property
     def wants_logprobs(self) -> bool:

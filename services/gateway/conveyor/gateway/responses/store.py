@@ -149,7 +149,7 @@ class ResponseStore:
         response_id = stored.response["id"]
         background = "1" if stored.response.get("background") else "0"
         return ScriptCall(self._save, [self._key(tenant_id, response_id),
-                                       self._run_key(tenant_id, response_id),
+                                       self.run_key(tenant_id, response_id),
                                        self._events_key(tenant_id, response_id)],
                           [self._ttl_ms, _record(stored), background, *_event_args(final_event)])
 
@@ -158,7 +158,7 @@ class ResponseStore:
         """Store a background response as queued, its run leased for `lease_s`."""
         response_id = stored.response["id"]
         await self._create(keys=[self._key(tenant_id, response_id),
-                                 self._run_key(tenant_id, response_id)],
+                                 self.run_key(tenant_id, response_id)],
                            args=[self._ttl_ms, _record(stored), lease_s])
 
     async def advance(self, tenant_id: str, response_id: str, status: str,
@@ -166,7 +166,7 @@ class ResponseStore:
                       final_event: Event | None = None) -> str | None:
         """Move the live run to `status` (see _ADVANCE_LUA); its status afterwards."""
         return await self._advance(
-            keys=[self._run_key(tenant_id, response_id),
+            keys=[self.run_key(tenant_id, response_id),
                   self._events_key(tenant_id, response_id)],
             args=[status, lease_s, json.dumps(LEASE_LOST), json.dumps(error or {}),
                   *_event_args(final_event), self._ttl_ms])
@@ -175,14 +175,14 @@ class ResponseStore:
                             events: list[Event]) -> None:
         """Record events of a streamed background response, in order, in one round trip,
         while its run is live."""
-        await self._append(keys=[self._run_key(tenant_id, response_id),
+        await self._append(keys=[self.run_key(tenant_id, response_id),
                                  self._events_key(tenant_id, response_id)],
                            args=[self._ttl_ms, *(a for e in events for a in _event_args(e))])
 
     async def is_live(self, tenant_id: str, response_id: str) -> bool:
         """Whether the response's run is queued or in progress and leased (by Redis's clock)."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(self._run_key(tenant_id, response_id), "status", "lease_until")
+            pipe.hmget(self.run_key(tenant_id, response_id), "status", "lease_until")
             pipe.time()
             (status, lease_until), (seconds, microseconds) = await pipe.execute()
         return status in _LIVE and float(lease_until) >= seconds + microseconds / 1e6
@@ -205,7 +205,7 @@ class ResponseStore:
         response not finished yet carries its run's status (and error)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.get(self._key(tenant_id, response_id))
-            pipe.hgetall(self._run_key(tenant_id, response_id))
+            pipe.hgetall(self.run_key(tenant_id, response_id))
             pipe.time()
             text, run, (seconds, microseconds) = await pipe.execute()
         if text is None:
@@ -228,14 +228,14 @@ class ResponseStore:
     async def delete(self, tenant_id: str, response_id: str) -> None:
         """Forget the tenant's stored response (and its run); a 404 when there is none."""
         if not await self._redis.delete(self._key(tenant_id, response_id),
-                                        self._run_key(tenant_id, response_id),
+                                        self.run_key(tenant_id, response_id),
                                         self._events_key(tenant_id, response_id)):
             raise response_not_found(response_id)
 
     def _key(self, tenant_id: str, response_id: str) -> str:
         return f"{self._prefix}:response:{{{tenant_id}}}:{response_id}"
 
-    def _run_key(self, tenant_id: str, response_id: str) -> str:
+    def run_key(self, tenant_id: str, response_id: str) -> str:
         return f"{self._prefix}:response-run:{{{tenant_id}}}:{response_id}"
 
     def _events_key(self, tenant_id: str, response_id: str) -> str:

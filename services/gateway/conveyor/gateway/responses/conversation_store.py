@@ -1,0 +1,162 @@
+"""Conversations (the Conversations API), per tenant, in Redis.
+
+    {prefix}:conversation:{tenant}:{id}         STRING  JSON {"id", "created_at", "metadata"}
+    {prefix}:conversation-items:{tenant}:{id}   LIST    its items (JSON), oldest first
+
+Items are added only to a conversation that exists (a script checks), so a DELETE that
+comes first is never undone by a response finishing later. Both keys expire `ttl_s` after
+the conversation last changed (created, updated, items added or deleted). The tenant is
+part of the key: another tenant's id is not found (404).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from redis.asyncio import Redis
+
+from conveyor.common.engine_registry import require_decoded_responses
+from conveyor.common.redis_scripts import ScriptCall
+from conveyor.gateway.errors import APIError
+
+_ADD_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+for i = 2, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return 1
+"""
+"""Appends items (ARGV[2..]) to an existing conversation; 0 when there is none, or when the
+background response adding them still has a run (KEYS[3]): its save, run just before in the
+same round trip, was refused (cancelled, failed, its lease lost)."""
+
+_DELETE_ITEM_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+for _, item in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+  if cjson.decode(item)['id'] == ARGV[2] then
+    redis.call('LREM', KEYS[2], 1, item)
+    redis.call('PEXPIRE', KEYS[1], ARGV[1])
+    redis.call('PEXPIRE', KEYS[2], ARGV[1])
+    return 1
+  end
+end
+return 0
+"""
+"""Removes the item with id ARGV[2]: 1, 0 when the conversation has none, -1 when there is
+no conversation."""
+
+
+def conversation_not_found(conversation_id: str, param: str | None = None) -> APIError:
+    return APIError(404, f"Conversation with id '{conversation_id}' not found.",
+                    "invalid_request_error", param, "conversation_not_found")
+
+
+def item_not_found(item_id: str) -> APIError:
+    return APIError(404, f"Item with id '{item_id}' not found.", "invalid_request_error",
+                    "item_id", "item_not_found")
+
+
+class ConversationStore:
+    """Creates, reads, changes and deletes conversations and their items (see the module doc)."""
+
+    def __init__(self, redis: Redis, *, prefix: str = "conveyor", ttl_s: float = 86400.0):
+        require_decoded_responses(redis)
+        self._redis = redis
+        self._prefix = prefix
+        self._ttl_ms = max(1, round(ttl_s * 1000))
+        self._add = redis.register_script(_ADD_LUA)
+        self._delete_item = redis.register_script(_DELETE_ITEM_LUA)
+
+    async def create(self, tenant_id: str, metadata: dict[str, str],
+                     items: list[dict]) -> dict:
+        """A new conversation with `items`: its Conversation object."""
+        conversation = {"id": f"conv_{uuid.uuid4().hex}", "object": "conversation",
+                        "created_at": int(time.time()), "metadata": metadata}
+        keys = self._keys(tenant_id, conversation["id"])
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(keys[0], json.dumps(conversation), px=self._ttl_ms)
+            if items:
+                pipe.rpush(keys[1], *map(json.dumps, items))
+                pipe.pexpire(keys[1], self._ttl_ms)
+            await pipe.execute()
+        return conversation
+
+    async def get(self, tenant_id: str, conversation_id: str,
+                  param: str | None = None) -> dict:
+        """The tenant's conversation, else a 404 (naming `param`)."""
+        text = await self._redis.get(self._keys(tenant_id, conversation_id)[0])
+        if text is None:
+            raise conversation_not_found(conversation_id, param)
+        return json.loads(text)
+
+    async def update(self, tenant_id: str, conversation_id: str,
+                     metadata: dict[str, str]) -> dict:
+        """Replace the conversation's metadata; the conversation afterwards."""
+        conversation = await self.get(tenant_id, conversation_id) | {"metadata": metadata}
+        keys = self._keys(tenant_id, conversation_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(keys[0], json.dumps(conversation), px=self._ttl_ms, xx=True)
+            pipe.pexpire(keys[1], self._ttl_ms)
+            written, _ = await pipe.execute()
+        if not written:  # deleted meanwhile
+            raise conversation_not_found(conversation_id)
+        return conversation
+
+    async def delete(self, tenant_id: str, conversation_id: str) -> None:
+        """Forget the conversation and its items; a 404 when there is none."""
+        keys = self._keys(tenant_id, conversation_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(keys[0])
+            pipe.delete(keys[1])
+            found, _ = await pipe.execute()
+        if not found:
+            raise conversation_not_found(conversation_id)
+
+    def add_call(self, tenant_id: str, conversation_id: str, items: list[dict],
+                 unless_run: str | None = None) -> ScriptCall:
+        """Appending `items` (when the conversation still exists, and the run key
+        `unless_run` does not), as a script call to run with a response's settlement."""
+        keys = [*self._keys(tenant_id, conversation_id), *([unless_run] if unless_run else [])]
+        return ScriptCall(self._add, keys, [self._ttl_ms, *map(json.dumps, items)])
+
+    async def add(self, tenant_id: str, conversation_id: str, items: list[dict]) -> None:
+        """Append `items`; a 404 when there is no such conversation."""
+        call = self.add_call(tenant_id, conversation_id, items)
+        if not await call.script(keys=call.keys, args=call.args):
+            raise conversation_not_found(conversation_id)
+
+    async def items(self, tenant_id: str, conversation_id: str,
+                    param: str | None = None) -> list[dict]:
+        """Every item of the tenant's conversation, oldest first; a 404 (naming `param`)
+        when there is no such conversation."""
+        keys = self._keys(tenant_id, conversation_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.exists(keys[0])
+            pipe.lrange(keys[1], 0, -1)
+            exists, items = await pipe.execute()
+        if not exists:
+            raise conversation_not_found(conversation_id, param)
+        return [json.loads(item) for item in items]
+
+    async def item(self, tenant_id: str, conversation_id: str, item_id: str) -> dict:
+        """One item of the tenant's conversation, else a 404."""
+        for item in await self.items(tenant_id, conversation_id):
+            if item["id"] == item_id:
+                return item
+        raise item_not_found(item_id)
+
+    async def delete_item(self, tenant_id: str, conversation_id: str, item_id: str) -> None:
+        """Remove one item of the tenant's conversation, else a 404."""
+        removed = await self._delete_item(keys=self._keys(tenant_id, conversation_id),
+                                          args=[self._ttl_ms, item_id])
+        if removed == -1:
+            raise conversation_not_found(conversation_id)
+        if removed == 0:
+            raise item_not_found(item_id)
+
+    def _keys(self, tenant_id: str, conversation_id: str) -> list[str]:
+        return [f"{self._prefix}:conversation:{{{tenant_id}}}:{conversation_id}",
+                f"{self._prefix}:conversation-items:{{{tenant_id}}}:{conversation_id}"]
