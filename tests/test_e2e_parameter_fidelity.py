@@ -96,7 +96,8 @@ CHAT_CASES: dict[str, list[Case]] = {
                                          temperature=1.0, seed=7)))],
     "service_tier": [Case("flex", check=lambda r, c, raw: r.service_tier == "flex")],
     "stop": [Case(["."], extra={"max_tokens": 24}, check=lambda r, c, raw: "." not in _content(r))],
-    "store": [Case(False), _refused(True)],
+    "store": [Case(False), Case(True, check=lambda r, c, raw: c.client.chat.completions.retrieve(
+        r.id).choices[0].message.content == _content(r))],
     "stream": [Case(True, check=lambda chunks, c, raw: len(chunks) > 1)],
     "stream_options": [Case({"include_usage": True}, extra={"stream": True},
                             check=lambda chunks, c, raw: chunks[-1].usage.completion_tokens > 0)],

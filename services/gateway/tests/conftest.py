@@ -18,6 +18,8 @@ from redis import Redis as SyncRedis
 
 from conveyor.gateway.app import create_app
 from conveyor.gateway.settings import GatewaySettings
+from conveyor.gateway.tenancy.api_keys import ApiKeyStore
+from conveyor.gateway.tenancy.tiers import DEFAULT_TIERS
 
 
 def _load_fakes():
@@ -94,6 +96,15 @@ async def gateway_factory(fakes, redis_url, prefix):
 @pytest.fixture
 async def gateway(gateway_factory) -> Gateway:
     return await gateway_factory()
+
+
+@pytest.fixture
+async def two_tenants(gateway_factory, redis, prefix) -> tuple[Gateway, str, str]:
+    """A gateway with API keys on, and the keys of two tenants: an owner and another."""
+    gateway = await gateway_factory(auth_enabled=True)
+    keys = ApiKeyStore(redis, DEFAULT_TIERS, prefix=prefix)
+    return (gateway, (await keys.create("owner", "standard")).key,
+            (await keys.create("other", "standard")).key)
 
 
 async def _wait_until(condition, timeout_s: float = 1.0) -> None:

@@ -11,8 +11,6 @@ from openai import AsyncOpenAI, BadRequestError, NotFoundError
 from conveyor.common.redis_scripts import run_script_calls
 from conveyor.gateway.responses.conversation_store import ConversationStore
 from conveyor.gateway.responses.store import ResponseStore
-from conveyor.gateway.tenancy.api_keys import ApiKeyStore
-from conveyor.gateway.tenancy.tiers import DEFAULT_TIERS
 
 
 def _client(gateway, key: str = "unused") -> AsyncOpenAI:
@@ -142,11 +140,9 @@ async def test_what_cannot_be_served_is_refused_by_name(gateway, call, param):
 
 
 async def test_an_unknown_conversation_is_404_and_another_tenants_is_unknown(
-        gateway_factory, redis, prefix):
-    gateway = await gateway_factory(auth_enabled=True)
-    keys = ApiKeyStore(redis, DEFAULT_TIERS, prefix=prefix)
-    owner = _client(gateway, (await keys.create("owner", "standard")).key)
-    other = _client(gateway, (await keys.create("other", "standard")).key)
+        two_tenants):
+    gateway, owner_key, other_key = two_tenants
+    owner, other = _client(gateway, owner_key), _client(gateway, other_key)
     conversation = await owner.conversations.create(items=[{"role": "user", "content": "x"}])
     for call in (other.conversations.retrieve(conversation.id),
                  other.conversations.items.list(conversation.id),

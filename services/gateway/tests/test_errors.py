@@ -138,12 +138,12 @@ async def test_error_after_the_stream_started_is_an_error_event_then_done(gatewa
 async def test_unknown_route_is_an_openai_404(gateway):
     async with gateway.client() as client:
         response = await client.get("/v1/nothing")
-        wrong_method = await client.get("/v1/chat/completions")
+        wrong_method = await client.get("/v1/completions")
     error = error_of(response, 404)
     assert (error["type"], error["message"]) == ("not_found_error",
                                                  "Invalid URL (GET /v1/nothing): Not Found")
     assert error_of(wrong_method, 405)["message"] == (
-        "Invalid URL (GET /v1/chat/completions): Method Not Allowed")
+        "Invalid URL (GET /v1/completions): Method Not Allowed")
 
 
 async def test_draining_gateway_refuses_with_503(gateway):

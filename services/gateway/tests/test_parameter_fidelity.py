@@ -39,7 +39,6 @@ async def test_a_field_in_no_schema_is_refused_by_name(gateway):
     ("web_search_options", {}),
     ("moderation", {"model": "omni-moderation-latest"}),
     ("prompt_cache_options", {"mode": "explicit"}),
-    ("store", True),
     ("modalities", ["text", "audio"]),
     ("prompt_cache_retention", "24h"),
 ])

@@ -10,10 +10,11 @@ from contextlib import contextmanager
 from conveyor.gateway.tenancy.api_keys import ApiKeyStore
 from conveyor.gateway.tenancy.tiers import DEFAULT_TIERS
 
-MAX_MODULES = 26
+MAX_MODULES = 27
 """docs/architecture.md, "One streamed chat request, hop by hop": the gateway's files by
 job (api/, clients/, routing/, tenancy/, endpoints: issue 31), each module small and of one
-job; 13 before that split, in fewer and larger modules."""
+job; 13 before that split, in fewer and larger modules; 27 since the response's writer left
+routes.py (which was at its 400-line bound) for a module of its own."""
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 5, "stream": True}

@@ -24,6 +24,7 @@ from conveyor.gateway.responses.background import BackgroundResponses
 from conveyor.gateway.responses.conversations_api import router as conversations_router
 from conveyor.gateway.routes import router
 from conveyor.gateway.settings import GatewaySettings
+from conveyor.gateway.stored_chat.api import router as stored_chat_router
 from conveyor.gateway.validation_errors import validation_error
 
 log = logging.getLogger("conveyor.gateway")
@@ -52,6 +53,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(batches_router)
     app.include_router(responses_router)
     app.include_router(conversations_router)
+    app.include_router(stored_chat_router)
     app.include_router(lora_router)
     app.add_middleware(RequestSpanMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes,

@@ -40,6 +40,10 @@ def _nothing_to_write(request: GenerationRequest) -> list[ScriptCall]:
     return []
 
 
+def _never(request: GenerationRequest) -> bool:
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointKind:
     """What differs between the endpoints served on this path (chat, completions, and
@@ -51,6 +55,9 @@ class EndpointKind:
     format: FormatOf
     prepare_prompts: PreparePrompts
     end_calls: EndCalls = _nothing_to_write
+    keeps_response: Callable[[GenerationRequest], bool] = _never
+    """Whether the whole response is built (a stream's too) and kept on the request
+    (`kept_response`) for `end_calls`."""
 
 
 def format_of(shape: type[ResponseFormat]) -> FormatOf:
@@ -87,8 +94,23 @@ async def _tokenize_prompts(request: GenerationRequest) -> list[PromptTokens]:
     return list(await asyncio.gather(*(tokenized(p) for p in body.prompts)))
 
 
+def _stores(request: GenerationRequest) -> bool:
+    return bool(request.body.store)
+
+
+def _store_completion(request: GenerationRequest) -> list[ScriptCall]:
+    """A complete chat completion with `store` true, kept with its metadata and messages."""
+    if request.kept_response is None:
+        return []
+    body: ChatCompletionRequest = request.body
+    completion = {**request.kept_response, "metadata": body.metadata or {}}
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    return [request.pipeline.chat_completions.save_call(request.tenant.tenant_id, completion,
+                                                        messages)]
+
+
 CHAT = EndpointKind("chat_completions", "chatcmpl", "messages", format_of(ChatFormat),
-                    _render_conversation)
+                    _render_conversation, _store_completion, _stores)
 
 
 COMPLETIONS = EndpointKind("completions", "cmpl", "prompt", format_of(CompletionFormat),

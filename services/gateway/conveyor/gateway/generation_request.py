@@ -98,8 +98,7 @@ class Outcome:
     """How the request ended: the HTTP status recorded and the timeline's end state."""
 
     status: int
-    end_state: str
-    """finished's reasons (e.g. "length"), or rejected, cancelled, timeout, error."""
+    end_state: str  # finished's reasons (e.g. "length"), or rejected, cancelled, timeout, error
 
 
 class GenerationRequest:
@@ -119,6 +118,7 @@ class GenerationRequest:
         self.prompts: list[PromptTokens] = []
         self.usage: UsageTotals | None = None
         self.outcome: Outcome | None = None
+        self.kept_response: dict | None = None  # the whole response, if its kind keeps it
         self._headers = headers
         self._record = pipeline.metrics.start(kind.name)
         self._timeline = TimelineDraft(pipeline.timelines, self.request_id)

@@ -23,6 +23,7 @@ from conveyor.gateway.responses.store import ResponseStore
 from conveyor.gateway.routing.directory import EngineDirectory, EnginePicker, StaticEngines
 from conveyor.gateway.routing.router import Router
 from conveyor.gateway.settings import GatewaySettings
+from conveyor.gateway.stored_chat.store import ChatCompletionStore
 from conveyor.gateway.tenancy.admission import TenantAdmitter
 from conveyor.gateway.tenancy.timeline import TimelineStore
 
@@ -50,6 +51,7 @@ class Pipeline:
     metrics: GatewayMetrics
     responses: ResponseStore
     conversations: ConversationStore
+    chat_completions: ChatCompletionStore
     draining: bool = False
 
     @classmethod
@@ -90,6 +92,8 @@ class Pipeline:
                                     ttl_s=settings.responses_ttl_s),
             conversations=ConversationStore(redis, prefix=settings.redis_prefix,
                                             ttl_s=settings.responses_ttl_s),
+            chat_completions=ChatCompletionStore(redis, prefix=settings.redis_prefix,
+                                                 ttl_s=settings.responses_ttl_s),
         )
 
     async def close(self) -> None:

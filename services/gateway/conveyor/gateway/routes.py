@@ -17,17 +17,13 @@ The `Lifeline` watches the client's connection (the ASGI `http.disconnect`, awai
 never polled) and the deadline; when either ends the request it cancels the task once
 and remembers why, and the request's own checks raise that reason at the next stage
 or delta, in case a library swallowed the cancellation. What the request holds is
-released by GenerationRequest's exit, never here: this module only writes bytes.
-
-Errors before the first byte are JSON error bodies with their status; after the
-stream started they are an SSE `data: {"error": ...}` event followed by `data: [DONE]`.
+released by GenerationRequest's exit, never here: the response's bytes are written by
+response_writer.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -52,16 +48,11 @@ from conveyor.gateway.errors import (
     to_api_error,
 )
 from conveyor.gateway.generation_request import GenerationRequest
-from conveyor.gateway.logprob_entries import TokenIdTexts
 from conveyor.gateway.models import ServedModel
 from conveyor.gateway.pipeline import Pipeline
-from conveyor.gateway.response_formats import ChoiceResult, ResponseFormat
+from conveyor.gateway.response_writer import ResponseWriter
 
-# -- response stream ---------------------------------------------------------------------
-
-log = logging.getLogger("conveyor.gateway.sse")
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# -- response -------------------------------------------------------------------------------
 
 
 class Lifeline:
@@ -128,7 +119,7 @@ class GenerationResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with GenerationRequest(self._pipeline, self._kind, self._body, self._headers,
                                      self._request_id) as request:
-            writer = _Writer(send, request, self._admitted)
+            writer = ResponseWriter(send, request, self._admitted)
             failure = await _serve_watched(writer, receive)
             if failure is None:
                 request.end(None)
@@ -137,7 +128,7 @@ class GenerationResponse(Response):
         await writer.send_last()  # once released, so the client's next request finds it so
 
 
-async def _serve_watched(writer: _Writer, receive: Receive) -> Exception | None:
+async def _serve_watched(writer: ResponseWriter, receive: Receive) -> Exception | None:
     """Serve the request under its lifeline; what ended it early, or None."""
     request = writer.request
     async with Lifeline(receive, request.deadline) as lifeline:
@@ -151,102 +142,6 @@ async def _serve_watched(writer: _Writer, receive: Receive) -> Exception | None:
         except Exception as error:  # noqa: BLE001 - every failure ends as a response
             return error
     return None
-
-
-class _Writer:
-    """Writes one request's response: SSE events as deltas come, or one JSON body."""
-
-    def __init__(self, send: Send, request: GenerationRequest, admitted: asyncio.Event):
-        self._send = send
-        self._admitted = admitted
-        self.request = self._request = request
-        self.started = False
-        self._last: dict | None = None
-        self._fmt: ResponseFormat | None = None
-
-    async def serve(self) -> None:
-        request = self._request
-        await request.admit()
-        self._admitted.set()
-        first = await request.start()
-        self._fmt = fmt = request.response_format()
-        if request.body.stream:
-            await self._stream(fmt, first)
-        else:
-            await self._collect(fmt, first)
-
-    async def fail(self, error: BaseException) -> None:
-        """End the response with `error` (nothing is written when the client is gone)."""
-        request = self._request
-        if isinstance(error, ClientDisconnected):
-            request.end(error)
-            return
-        api_error = request.error_of(error)  # mapped (and an unexpected one logged) once
-        request.end(error if isinstance(error, RequestTimedOut) else api_error)
-        if self.started:
-            log.info("stream ended by an error: %s %s", api_error.status, api_error.message)
-            fmt = self._fmt
-            await self._body(b"".join(fmt.encode(c) for c in fmt.error_chunks(api_error))
-                             + fmt.stream_end, more=False)
-        else:
-            await self._json(api_error.status, api_error.body(), api_error.headers)
-
-    async def _stream(self, fmt: ResponseFormat, first) -> None:
-        request = self._request
-        await self._start(200, {"content-type": "text/event-stream; charset=utf-8",
-                                **SSE_HEADERS})
-        for chunk in fmt.opening_chunks(request.body.n * len(request.usage.prompt_lengths)):
-            await self._body(fmt.encode(chunk))
-        item = first
-        while item is not None:
-            index, delta = item
-            for chunk in fmt.delta_chunks(index, delta, self._texts(delta.token_texts)):
-                await self._body(fmt.encode(chunk))
-            item = await request.next_delta()
-        for chunk in fmt.closing_chunks(request.usage):
-            await self._body(fmt.encode(chunk))
-        await self._body(fmt.stream_end, more=False)
-
-    async def _collect(self, fmt: ResponseFormat, first) -> None:
-        request = self._request
-        results = [ChoiceResult() for _ in range(request.body.n * len(
-            request.usage.prompt_lengths))]
-        texts: dict[int, str] = {}
-        item = first
-        while item is not None:
-            results[item[0]].add(item[1])
-            texts.update(item[1].token_texts)
-            item = await request.next_delta()
-        await self._json(200, fmt.response(results, self._texts(texts), request.usage))
-
-    def _texts(self, texts: dict[int, str]) -> dict[int, str]:
-        """The token texts logprobs show: detok's, or the token ids'."""
-        return TokenIdTexts() if self._request.body.return_tokens_as_token_ids else texts
-
-    async def _json(self, status: int, payload: dict, headers: dict[str, str] | None = None):
-        body = json.dumps(payload, separators=(",", ":")).encode()
-        await self._start(status, {**(headers or {}), "content-type": "application/json",
-                                   "content-length": str(len(body))})
-        await self._body(body, more=False)
-
-    async def _start(self, status: int, headers: dict[str, str]) -> None:
-        all_headers = {**self._request.response_headers, **headers}
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in all_headers.items()]
-        await self._send({"type": "http.response.start", "status": status, "headers": raw})
-        self.started = True
-
-    async def _body(self, data: bytes, more: bool = True) -> None:
-        """Send body bytes; the last ones wait for `send_last`."""
-        message = {"type": "http.response.body", "body": data, "more_body": more}
-        if more:
-            await self._send(message)
-        else:
-            self._last = message
-
-    async def send_last(self) -> None:
-        """Send the response's last bytes (nothing when the client went away)."""
-        if self._last is not None:
-            await self._send(self._last)
 
 
 # -- routes ------------------------------------------------------------------------------

@@ -250,7 +250,7 @@ class ChatCompletionRequest(OpenAIOptions, _SamplingFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     store: bool | None = None
-    """Chat completions are never stored here: true is refused."""
+    """True: the complete completion is kept for the caller's tenant (stored_chat/)."""
     reasoning_effort: ReasoningEffort | None = None
     """No effect: the served model does no reasoning."""
     verbosity: Verbosity | None = None
@@ -293,9 +293,6 @@ class ChatCompletionRequest(OpenAIOptions, _SamplingFields):
     @model_validator(mode="after")
     def _refused_fields(self):
         refuse_set_fields(self, _REFUSED_CHAT_FIELDS)
-        if self.store:
-            raise unsupported("store", "chat completions are not stored; send store false "
-                              "or leave it out (the Responses API stores responses)")
         if self.modalities is not None and "audio" in self.modalities:
             raise unsupported("modalities", "this model writes text only")
         return self

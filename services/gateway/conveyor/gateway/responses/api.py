@@ -11,6 +11,7 @@ from starlette.responses import Response, StreamingResponse
 
 from conveyor.gateway.errors import bad_request, error_response
 from conveyor.gateway.pipeline import Pipeline
+from conveyor.gateway.response_writer import SSE_HEADERS
 from conveyor.gateway.responses.background import BackgroundResponses
 from conveyor.gateway.responses.conversation import chat_request
 from conveyor.gateway.responses.endpoint import RESPONSES
@@ -21,7 +22,7 @@ from conveyor.gateway.responses.input_items import (
     refuse_unserved_query,
 )
 from conveyor.gateway.responses.request_body import ResponsesRequest
-from conveyor.gateway.routes import SSE_HEADERS, GenerationResponse, pipeline_of, serve_simple
+from conveyor.gateway.routes import GenerationResponse, pipeline_of, serve_simple
 from conveyor.gateway.validation_errors import validation_error
 
 router = APIRouter()

@@ -17,9 +17,9 @@ import uuid
 
 from redis.asyncio import Redis
 
-from conveyor.common.engine_registry import require_decoded_responses
 from conveyor.common.redis_scripts import ScriptCall
 from conveyor.gateway.errors import APIError
+from conveyor.gateway.record_store import RecordStore
 
 _ADD_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -59,14 +59,11 @@ def item_not_found(item_id: str) -> APIError:
                     "item_id", "item_not_found")
 
 
-class ConversationStore:
+class ConversationStore(RecordStore):
     """Creates, reads, changes and deletes conversations and their items (see the module doc)."""
 
-    def __init__(self, redis: Redis, *, prefix: str = "conveyor", ttl_s: float = 86400.0):
-        require_decoded_responses(redis)
-        self._redis = redis
-        self._prefix = prefix
-        self._ttl_ms = max(1, round(ttl_s * 1000))
+    def __init__(self, redis: Redis, **options):
+        super().__init__(redis, **options)
         self._add = redis.register_script(_ADD_LUA)
         self._delete_item = redis.register_script(_DELETE_ITEM_LUA)
 

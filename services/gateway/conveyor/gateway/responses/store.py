@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from conveyor.common.engine_registry import require_decoded_responses
 from conveyor.common.redis_scripts import ScriptCall
 from conveyor.gateway.errors import APIError, bad_request
+from conveyor.gateway.record_store import RecordStore
 
 _NOW = """
 if redis.replicate_commands then redis.replicate_commands() end
@@ -129,14 +129,11 @@ class StoredResponse:
         return self.response["status"] in ("completed", "incomplete")
 
 
-class ResponseStore:
+class ResponseStore(RecordStore):
     """Writes, reads and deletes stored responses (see the module doc)."""
 
-    def __init__(self, redis: Redis, *, prefix: str = "conveyor", ttl_s: float = 86400.0):
-        require_decoded_responses(redis)
-        self._redis = redis
-        self._prefix = prefix
-        self._ttl_ms = max(1, round(ttl_s * 1000))
+    def __init__(self, redis: Redis, **options):
+        super().__init__(redis, **options)
         self._save = redis.register_script(_SAVE_LUA)
         self._create = redis.register_script(_CREATE_LUA)
         self._advance = redis.register_script(_ADVANCE_LUA)

@@ -29,8 +29,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from conveyor.common.engine_registry import require_decoded_responses
 from conveyor.common.redis_scripts import ScriptCall
+from conveyor.gateway.record_store import RecordStore
 from conveyor.gateway.tenancy.errors import TimelineNotFound
 
 TIMELINE_LUA = """
@@ -162,14 +162,11 @@ class TimelineDraft:
         await self._store.write(self.pending(tenant_id))
 
 
-class TimelineStore:
+class TimelineStore(RecordStore):
     """Writes and reads request timelines in Redis."""
 
     def __init__(self, redis: Redis, *, prefix: str = "conveyor", ttl_s: float = 3600.0):
-        require_decoded_responses(redis)
-        self._redis = redis
-        self._prefix = prefix
-        self._ttl_ms = max(1, round(ttl_s * 1000))
+        super().__init__(redis, prefix=prefix, ttl_s=ttl_s)
         self._write = redis.register_script(_WRITE_LUA)
 
     def write_of(self, request_id: str, tenant_id: str,

@@ -1,0 +1,1 @@
+"""Stored chat completions (`store: true`): kept per tenant, listed, changed and deleted."""

@@ -1,0 +1,117 @@
+"""Stored chat completions (OpenAI's `store: true`): GET /v1/chat/completions (a page,
+filtered by `model` and `metadata[key]=value`), GET, POST (metadata) and DELETE
+/v1/chat/completions/{id}, and GET /v1/chat/completions/{id}/messages; the caller's
+tenant's completions only (any other id: 404). Query parameters not listed are refused by
+name."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request
+from pydantic import Field
+from starlette.responses import Response
+
+from conveyor.gateway.api.fields import RequestBody
+from conveyor.gateway.api.pages import list_page
+from conveyor.gateway.api.schemas import Metadata
+from conveyor.gateway.errors import bad_request
+from conveyor.gateway.pipeline import Pipeline
+from conveyor.gateway.responses.input_items import MAX_LIMIT, items_page, refuse_unserved_query
+from conveyor.gateway.routes import serve_simple
+
+router = APIRouter()
+
+PATH = "/v1/chat/completions/{completion_id}"
+
+
+class MetadataUpdate(RequestBody):
+    metadata: Metadata | None = Field(max_length=16)
+
+
+async def _serve(request: Request, work, query: tuple[str, ...] = ()) -> Response:
+    """`work(pipeline, tenant_id)` for the authenticated caller; a query parameter other
+    than `query` (or `metadata[...]` where `metadata` is listed) is refused by name."""
+    async def authenticated(pipeline: Pipeline):
+        refuse_unserved_query({name: value for name, value in request.query_params.items()
+                               if not ("metadata" in query and name.startswith("metadata["))},
+                              query)
+        tenant = await pipeline.admitter.authenticate(request.headers)
+        return await work(pipeline, tenant.tenant_id)
+
+    return await serve_simple(request, "stored_chat_completions", authenticated)
+
+
+@router.get("/v1/chat/completions")
+async def list_completions(request: Request, after: str | None = None,
+                           limit: int = Query(20, ge=1, le=MAX_LIMIT), model: str | None = None,
+                           order: str = Query("asc", pattern="^(asc|desc)$")) -> Response:
+    wanted_metadata = _metadata_filter(request)
+
+    def wanted(completion: dict) -> bool:
+        metadata = completion.get("metadata") or {}
+        return ((model is None or completion["model"] == model)
+                and all(metadata.get(k) == v for k, v in wanted_metadata.items()))
+
+    async def work(pipeline: Pipeline, tenant_id: str) -> dict:
+        page, more = await pipeline.chat_completions.page(tenant_id, after, limit,
+                                                          order == "desc", wanted)
+        return list_page(page, more)
+
+    return await _serve(request, work, ("after", "limit", "metadata", "model", "order"))
+
+
+def _metadata_filter(request: Request) -> dict[str, str]:
+    """The `metadata[key]=value` pairs of the query (a 400 for a bare `metadata`)."""
+    pairs = {}
+    for name, value in request.query_params.multi_items():
+        if name == "metadata":
+            raise bad_request("metadata filters are sent as metadata[key]=value", "metadata")
+        if name.startswith("metadata[") and name.endswith("]"):
+            pairs[name[len("metadata["):-1]] = value
+    return pairs
+
+
+@router.get(PATH)
+async def retrieve_completion(completion_id: str, request: Request) -> Response:
+    async def work(pipeline: Pipeline, tenant_id: str) -> dict:
+        return (await pipeline.chat_completions.get(tenant_id, completion_id))["completion"]
+
+    return await _serve(request, work)
+
+
+@router.post(PATH)
+async def update_completion(completion_id: str, body: MetadataUpdate,
+                            request: Request) -> Response:
+    return await _serve(request, lambda pipeline, tenant_id: pipeline.chat_completions
+                        .update_metadata(tenant_id, completion_id, body.metadata or {}))
+
+
+@router.delete(PATH)
+async def delete_completion(completion_id: str, request: Request) -> Response:
+    async def work(pipeline: Pipeline, tenant_id: str) -> dict:
+        await pipeline.chat_completions.delete(tenant_id, completion_id)
+        return {"id": completion_id, "object": "chat.completion.deleted", "deleted": True}
+
+    return await _serve(request, work)
+
+
+@router.get(PATH + "/messages")
+async def list_messages(completion_id: str, request: Request, after: str | None = None,
+                        limit: int = Query(20, ge=1, le=MAX_LIMIT),
+                        order: str = Query("asc", pattern="^(asc|desc)$")) -> Response:
+    """The messages the completion answered, each with an id (`<completion id>-<place>`)."""
+    async def work(pipeline: Pipeline, tenant_id: str) -> dict:
+        record = await pipeline.chat_completions.get(tenant_id, completion_id)
+        messages = [_store_message(f"{completion_id}-{i}", m)
+                    for i, m in enumerate(record["messages"])]
+        return items_page(messages, after, limit, order)
+
+    return await _serve(request, work, ("after", "limit", "order"))
+
+
+def _store_message(message_id: str, message: dict) -> dict:
+    """A request message as OpenAI lists a stored completion's: its text as `content`, and
+    its parts as `content_parts` when it was sent as parts."""
+    content = message.get("content")
+    parts = content if isinstance(content, list) else None
+    text = "".join(p.get("text") or p.get("refusal") or "" for p in parts) if parts else content
+    return {**message, "id": message_id, "content": text, "content_parts": parts}
