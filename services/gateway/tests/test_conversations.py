@@ -5,12 +5,15 @@ background; nothing when a background response is cancelled); refusals by name."
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from openai import AsyncOpenAI, BadRequestError, NotFoundError
+from openai.types.conversations import ConversationItemList
 
 from conveyor.common.redis_scripts import run_script_calls
 from conveyor.gateway.responses.conversation_store import ConversationStore
-from conveyor.gateway.responses.store import ResponseStore
+from conveyor.gateway.responses.store import ResponseStore, StoredResponse
 
 
 def _client(gateway, key: str = "unused") -> AsyncOpenAI:
@@ -95,22 +98,30 @@ async def test_a_background_response_adds_its_turn_once_saved_and_none_when_canc
     assert len([i async for i in client.conversations.items.list(conversation.id)]) == 2
 
 
-async def test_a_background_turn_is_added_only_after_its_saved_run(redis, prefix):
-    """The save and the add run in one round trip, save first; a save refused (the run
-    cancelled, failed or its lease lost after the last token) leaves the run key, and the
-    add then adds nothing."""
+@pytest.mark.parametrize("ending", ["saved", "cancelled", "deleted", "lease lost"])
+async def test_a_background_turn_is_added_only_with_its_saved_response(redis, prefix, ending):
+    """The save and the add run in one round trip, save first (the settlement's order); the
+    add goes through only where the save did."""
+    responses = ResponseStore(redis, prefix=prefix)
     conversations = ConversationStore(redis, prefix=prefix)
-    run_key = ResponseStore(redis, prefix=prefix).run_key("t", "resp-1")
     conversation = await conversations.create("t", {}, [])
+    response = {"id": "resp-1", "background": True, "status": "queued"}
+    await responses.create_background("t", StoredResponse(response, []), lease_s=30)
+    await responses.advance("t", "resp-1", "in_progress", 0.05 if ending == "lease lost" else 30)
+    if ending == "cancelled":
+        await responses.advance("t", "resp-1", "cancelled")
+    elif ending == "deleted":
+        await responses.delete("t", "resp-1")
+    elif ending == "lease lost":
+        await asyncio.sleep(0.1)  # past the lease, on Redis's clock
     item = {"id": "msg_1", "type": "message", "role": "user", "content": []}
-    await redis.hset(run_key, mapping={"status": "cancelled", "lease_until": 0})
-    await run_script_calls(redis, [conversations.add_call("t", conversation["id"], [item],
-                                                          run_key)])
-    assert await conversations.items("t", conversation["id"]) == []
-    await redis.delete(run_key)  # what a save that went through does
-    await run_script_calls(redis, [conversations.add_call("t", conversation["id"], [item],
-                                                          run_key)])
-    assert await conversations.items("t", conversation["id"]) == [item]
+    saved, added = await run_script_calls(redis, [
+        responses.save_call("t", StoredResponse({**response, "status": "completed"}, [])),
+        conversations.add_call("t", conversation["id"], [item],
+                               responses.saved_keys("t", "resp-1"))])
+    assert (saved, added) == ((1, 1) if ending == "saved" else (0, 0))
+    expected = [item] if ending == "saved" else []
+    assert await conversations.items("t", conversation["id"]) == expected
 
 
 async def test_truncation_auto_cuts_what_the_model_reads_not_the_conversation(gateway):
@@ -122,6 +133,44 @@ async def test_truncation_auto_cuts_what_the_model_reads_not_the_conversation(ga
                                   conversation=conversation.id, max_output_tokens=2)
     assert _prompt(gateway) == f"user:{'c' * 30}\nuser:{'d' * 30}\nassistant:"
     assert len([i async for i in client.conversations.items.list(conversation.id)]) == 5
+
+
+async def test_an_item_id_is_taken_once_per_conversation(gateway):
+    client = _client(gateway)
+    mine = {"id": "msg_mine", "role": "user", "content": "x"}
+    with pytest.raises(BadRequestError) as caught:
+        await client.conversations.create(items=[mine, mine])
+    assert caught.value.body["param"] == "items"
+    conversation = await client.conversations.create(items=[mine])
+    for call, param in ((client.conversations.items.create(conversation.id, items=[mine]),
+                         "items"),
+                        (client.responses.create(model="fake-model", input=[mine],
+                                                 conversation=conversation.id), "input")):
+        with pytest.raises(BadRequestError) as caught:
+            await call
+        assert caught.value.body["param"] == param and "msg_mine" in caught.value.message
+    assert len([i async for i in client.conversations.items.list(conversation.id)]) == 1
+    assert not gateway.fakes.engine.requests
+
+
+async def test_items_are_kept_in_the_sdks_shapes(gateway):
+    client = _client(gateway)
+    conversation = await client.conversations.create(items=[
+        {"role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "b",
+                                      "prompt_cache_breakpoint": {"x": 1}}]},
+        {"type": "function_call_output", "call_id": "c", "output": [
+            {"type": "output_text", "text": "4"}, {"type": "output_text", "text": "2"}]}])
+    await client.responses.create(model="fake-model", input="c", max_output_tokens=2,
+                                  conversation=conversation.id, top_logprobs=1,
+                                  include=["message.output_text.logprobs"])
+    async with gateway.client() as http:
+        raw = (await http.get(f"/v1/conversations/{conversation.id}/items",
+                              params={"order": "asc"})).json()
+    ConversationItemList.model_validate(raw, strict=True)
+    assert raw["data"][0]["content"][0]["annotations"] == []
+    assert raw["data"][2]["output"] == "42"
+    assert "logprobs" not in raw["data"][4]["content"][0]
 
 
 @pytest.mark.parametrize(("call", "param"), [

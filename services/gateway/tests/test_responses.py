@@ -116,6 +116,27 @@ async def test_truncation_auto_keeps_the_whole_conversation_when_it_fits(gateway
     assert _prompt_text(request) == "user:one\nassistant:two\nuser:three\nassistant:"
 
 
+async def test_truncation_auto_leaves_room_for_an_answer_when_no_maximum_is_asked(gateway):
+    c = "c" * 85  # from this turn on the prompt is exactly 128 tokens: no room to answer
+    await _client(gateway).responses.create(
+        model="fake-model", input=_turns("a" * 10, "b" * 5, c, "d" * 5, "e" * 5),
+        truncation="auto")
+    assert _prompt_text(gateway.fakes.engine.requests[0]) == "user:eeeee\nassistant:"
+
+
+async def test_truncation_auto_cuts_an_agents_calls_after_its_last_user_message(gateway):
+    def call(name: str, output: str) -> list[dict]:
+        return [{"type": "function_call", "call_id": name, "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": name, "output": output}]
+
+    await _client(gateway).responses.create(
+        model="fake-model", input=[{"role": "user", "content": "q" * 50},
+                                   *call("c1", "x" * 40), *call("c2", "y" * 40)],
+        truncation="auto", max_output_tokens=2)  # 180 tokens whole, 124 from the first call
+    assert _prompt_text(gateway.fakes.engine.requests[0]) == (
+        f"assistant:\ntool:{'x' * 40}\nassistant:\ntool:{'y' * 40}\nassistant:")
+
+
 async def test_truncation_auto_refuses_a_last_turn_that_does_not_fit_alone(gateway):
     with pytest.raises(BadRequestError) as caught:
         await _client(gateway).responses.create(

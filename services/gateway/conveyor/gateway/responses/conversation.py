@@ -29,8 +29,14 @@ from conveyor.gateway.api.tools import (
     NamedToolChoice,
     Tool,
 )
-from conveyor.gateway.responses.conversation_store import ConversationStore
-from conveyor.gateway.responses.items import chat_messages, kept_items, read_back
+from conveyor.gateway.responses.conversation_store import ConversationStore, duplicate_item
+from conveyor.gateway.responses.items import (
+    chat_messages,
+    kept_items,
+    kept_output,
+    read_back,
+    repeated_id,
+)
 from conveyor.gateway.responses.request_body import (
     FunctionChoice,
     FunctionTool,
@@ -91,6 +97,10 @@ class ResponsesTurn:
             self.history = [ChatMessage.model_validate(m) for m in previous.conversation]
         elif conversation_id is not None:
             items = await conversations.items(tenant_id, conversation_id, "conversation")
+            given = [{"id": i.id} for i in self.request.input if not isinstance(i, str) and i.id]
+            repeated = repeated_id(given, (item["id"] for item in items))
+            if repeated is not None:
+                raise duplicate_item(repeated, "input")
             self.history = chat_messages(read_back(items))
         self.loaded = True
 
@@ -104,7 +114,7 @@ class ResponsesTurn:
         if self.request.store:
             self.stored = StoredResponse(response, self.conversation_with(answer))
         if self.conversation_id is not None:
-            self.new_items = [*kept_items(self.request.input), *response["output"]]
+            self.new_items = [*kept_items(self.request.input), *kept_output(response["output"])]
 
     def conversation_with(self, answer: ChatMessage | None) -> list[dict]:
         """The conversation to store with the response: all but the instructions (and

@@ -18,20 +18,34 @@ import uuid
 from redis.asyncio import Redis
 
 from conveyor.common.redis_scripts import ScriptCall
-from conveyor.gateway.errors import APIError
+from conveyor.gateway.errors import APIError, bad_request
 from conveyor.gateway.record_store import RecordStore
+from conveyor.gateway.responses.items import repeated_id
 
 _ADD_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+if KEYS[3] and (redis.call('EXISTS', KEYS[3]) == 1 or redis.call('EXISTS', KEYS[4]) == 0) then
+  return 0
+end
+local seen = {}
+for _, item in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+  seen[cjson.decode(item)['id']] = true
+end
+for i = 2, #ARGV do
+  local id = cjson.decode(ARGV[i])['id']
+  if seen[id] then return id end
+  seen[id] = true
+end
 for i = 2, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 1
 """
-"""Appends items (ARGV[2..]) to an existing conversation; 0 when there is none, or when the
-background response adding them still has a run (KEYS[3]): its save, run just before in the
-same round trip, was refused (cancelled, failed, its lease lost)."""
+"""Appends items (ARGV[2..]) to an existing conversation: 1; 0 when there is none, or when
+the background response adding them was not saved (KEYS[3], KEYS[4]: its run still there,
+or its record gone; the save runs just before in the same round trip and is refused for a
+run cancelled, failed, deleted or whose lease ran out); an item id already in the
+conversation (or twice in ARGV): that id, and nothing added."""
 
 _DELETE_ITEM_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
@@ -54,6 +68,10 @@ def conversation_not_found(conversation_id: str, param: str | None = None) -> AP
                     "invalid_request_error", param, "conversation_not_found")
 
 
+def duplicate_item(item_id: str, param: str) -> APIError:
+    return bad_request(f"Duplicate item found with id '{item_id}'.", param)
+
+
 def item_not_found(item_id: str) -> APIError:
     return APIError(404, f"Item with id '{item_id}' not found.", "invalid_request_error",
                     "item_id", "item_not_found")
@@ -69,7 +87,10 @@ class ConversationStore(RecordStore):
 
     async def create(self, tenant_id: str, metadata: dict[str, str],
                      items: list[dict]) -> dict:
-        """A new conversation with `items`: its Conversation object."""
+        """A new conversation with `items`: its Conversation object (a 400 naming `items`
+        when an id is repeated)."""
+        if (repeated := repeated_id(items)) is not None:
+            raise duplicate_item(repeated, "items")
         conversation = {"id": f"conv_{uuid.uuid4().hex}", "object": "conversation",
                         "created_at": int(time.time()), "metadata": metadata}
         keys = self._keys(tenant_id, conversation["id"])
@@ -113,17 +134,21 @@ class ConversationStore(RecordStore):
             raise conversation_not_found(conversation_id)
 
     def add_call(self, tenant_id: str, conversation_id: str, items: list[dict],
-                 unless_run: str | None = None) -> ScriptCall:
-        """Appending `items` (when the conversation still exists, and the run key
-        `unless_run` does not), as a script call to run with a response's settlement."""
-        keys = [*self._keys(tenant_id, conversation_id), *([unless_run] if unless_run else [])]
+                 saved_keys: list[str] | None = None) -> ScriptCall:
+        """Appending `items` (see _ADD_LUA; `saved_keys`: a background response's, from
+        ResponseStore.saved_keys), as a script call to run with a response's settlement."""
+        keys = [*self._keys(tenant_id, conversation_id), *(saved_keys or [])]
         return ScriptCall(self._add, keys, [self._ttl_ms, *map(json.dumps, items)])
 
     async def add(self, tenant_id: str, conversation_id: str, items: list[dict]) -> None:
-        """Append `items`; a 404 when there is no such conversation."""
+        """Append `items`; a 404 when there is no such conversation, a 400 naming `items`
+        when one's id is taken."""
         call = self.add_call(tenant_id, conversation_id, items)
-        if not await call.script(keys=call.keys, args=call.args):
+        added = await call.script(keys=call.keys, args=call.args)
+        if added == 0:
             raise conversation_not_found(conversation_id)
+        if added != 1:
+            raise duplicate_item(added, "items")
 
     async def items(self, tenant_id: str, conversation_id: str,
                     param: str | None = None) -> list[dict]:

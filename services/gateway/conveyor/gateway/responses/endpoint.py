@@ -43,10 +43,10 @@ def _store(request: GenerationRequest) -> list[ScriptCall]:
     if turn.stored is not None:
         calls.append(pipeline.responses.save_call(tenant_id, turn.stored, turn.final_event))
     if turn.new_items:
-        run_key = (pipeline.responses.run_key(tenant_id, request.request_id)
-                   if turn.request.background else None)
+        saved = (pipeline.responses.saved_keys(tenant_id, request.request_id)
+                 if turn.request.background else None)
         calls.append(pipeline.conversations.add_call(tenant_id, turn.conversation_id,
-                                                     turn.new_items, run_key))
+                                                     turn.new_items, saved))
     return calls
 
 

@@ -146,7 +146,7 @@ class ResponseStore(RecordStore):
         response_id = stored.response["id"]
         background = "1" if stored.response.get("background") else "0"
         return ScriptCall(self._save, [self._key(tenant_id, response_id),
-                                       self.run_key(tenant_id, response_id),
+                                       self._run_key(tenant_id, response_id),
                                        self._events_key(tenant_id, response_id)],
                           [self._ttl_ms, _record(stored), background, *_event_args(final_event)])
 
@@ -155,7 +155,7 @@ class ResponseStore(RecordStore):
         """Store a background response as queued, its run leased for `lease_s`."""
         response_id = stored.response["id"]
         await self._create(keys=[self._key(tenant_id, response_id),
-                                 self.run_key(tenant_id, response_id)],
+                                 self._run_key(tenant_id, response_id)],
                            args=[self._ttl_ms, _record(stored), lease_s])
 
     async def advance(self, tenant_id: str, response_id: str, status: str,
@@ -163,7 +163,7 @@ class ResponseStore(RecordStore):
                       final_event: Event | None = None) -> str | None:
         """Move the live run to `status` (see _ADVANCE_LUA); its status afterwards."""
         return await self._advance(
-            keys=[self.run_key(tenant_id, response_id),
+            keys=[self._run_key(tenant_id, response_id),
                   self._events_key(tenant_id, response_id)],
             args=[status, lease_s, json.dumps(LEASE_LOST), json.dumps(error or {}),
                   *_event_args(final_event), self._ttl_ms])
@@ -172,14 +172,14 @@ class ResponseStore(RecordStore):
                             events: list[Event]) -> None:
         """Record events of a streamed background response, in order, in one round trip,
         while its run is live."""
-        await self._append(keys=[self.run_key(tenant_id, response_id),
+        await self._append(keys=[self._run_key(tenant_id, response_id),
                                  self._events_key(tenant_id, response_id)],
                            args=[self._ttl_ms, *(a for e in events for a in _event_args(e))])
 
     async def is_live(self, tenant_id: str, response_id: str) -> bool:
         """Whether the response's run is queued or in progress and leased (by Redis's clock)."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(self.run_key(tenant_id, response_id), "status", "lease_until")
+            pipe.hmget(self._run_key(tenant_id, response_id), "status", "lease_until")
             pipe.time()
             (status, lease_until), (seconds, microseconds) = await pipe.execute()
         return status in _LIVE and float(lease_until) >= seconds + microseconds / 1e6
@@ -202,7 +202,7 @@ class ResponseStore(RecordStore):
         response not finished yet carries its run's status (and error)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.get(self._key(tenant_id, response_id))
-            pipe.hgetall(self.run_key(tenant_id, response_id))
+            pipe.hgetall(self._run_key(tenant_id, response_id))
             pipe.time()
             text, run, (seconds, microseconds) = await pipe.execute()
         if text is None:
@@ -225,14 +225,19 @@ class ResponseStore(RecordStore):
     async def delete(self, tenant_id: str, response_id: str) -> None:
         """Forget the tenant's stored response (and its run); a 404 when there is none."""
         if not await self._redis.delete(self._key(tenant_id, response_id),
-                                        self.run_key(tenant_id, response_id),
+                                        self._run_key(tenant_id, response_id),
                                         self._events_key(tenant_id, response_id)):
             raise response_not_found(response_id)
+
+    def saved_keys(self, tenant_id: str, response_id: str) -> list[str]:
+        """The keys that say a background response's save went through: its run is gone
+        (the save deletes it) and its record is there."""
+        return [self._run_key(tenant_id, response_id), self._key(tenant_id, response_id)]
 
     def _key(self, tenant_id: str, response_id: str) -> str:
         return f"{self._prefix}:response:{{{tenant_id}}}:{response_id}"
 
-    def run_key(self, tenant_id: str, response_id: str) -> str:
+    def _run_key(self, tenant_id: str, response_id: str) -> str:
         return f"{self._prefix}:response-run:{{{tenant_id}}}:{response_id}"
 
     def _events_key(self, tenant_id: str, response_id: str) -> str:
