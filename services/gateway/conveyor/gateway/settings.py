@@ -80,7 +80,7 @@ class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings, BatchAp
         86400.0, gt=0, description="Seconds a stored response (the Responses API's store, on by "
         "default) and its conversation are kept for GET /v1/responses/{id} and "
         "previous_response_id; a conversation (the Conversations API) is kept this long after "
-        "its last change."
+        "its last change, a stored chat completion (store: true) this long after it ended."
     )
     responses_lease_s: float = Field(
         10.0, gt=0, description="Seconds a background response's run stays leased to the "

@@ -6,6 +6,8 @@ name."""
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Query, Request
 from pydantic import Field
 from starlette.responses import Response
@@ -44,14 +46,16 @@ async def _serve(request: Request, work, query: tuple[str, ...] = ()) -> Respons
 async def list_completions(request: Request, after: str | None = None,
                            limit: int = Query(20, ge=1, le=MAX_LIMIT), model: str | None = None,
                            order: str = Query("asc", pattern="^(asc|desc)$")) -> Response:
-    wanted_metadata = _metadata_filter(request)
-
-    def wanted(completion: dict) -> bool:
-        metadata = completion.get("metadata") or {}
-        return ((model is None or completion["model"] == model)
-                and all(metadata.get(k) == v for k, v in wanted_metadata.items()))
-
+    """The caller's stored completions, in the order they were stored, filtered by `model`
+    and by every `metadata[key]=value` pair given."""
     async def work(pipeline: Pipeline, tenant_id: str) -> dict:
+        pairs = _metadata_filter(request)
+
+        def wanted(completion: dict) -> bool:
+            metadata = completion.get("metadata") or {}
+            return ((model is None or completion["model"] == model)
+                    and all(metadata.get(k) == v for k, v in pairs.items()))
+
         page, more = await pipeline.chat_completions.page(tenant_id, after, limit,
                                                           order == "desc", wanted)
         return list_page(page, more)
@@ -59,23 +63,30 @@ async def list_completions(request: Request, after: str | None = None,
     return await _serve(request, work, ("after", "limit", "metadata", "model", "order"))
 
 
+_METADATA_KEY = re.compile(r"metadata\[([^\[\]]+)\]")
+
+
 def _metadata_filter(request: Request) -> dict[str, str]:
-    """The `metadata[key]=value` pairs of the query (a 400 for a bare `metadata`)."""
+    """The `metadata[key]=value` pairs of the query; a 400 naming any other `metadata...`
+    parameter, or one given twice (as for every parameter)."""
+    names = [name for name, _ in request.query_params.multi_items()]
+    for name in names:
+        if names.count(name) > 1:
+            raise bad_request(f"{name} is given more than once", name)
     pairs = {}
-    for name, value in request.query_params.multi_items():
-        if name == "metadata":
-            raise bad_request("metadata filters are sent as metadata[key]=value", "metadata")
-        if name.startswith("metadata[") and name.endswith("]"):
-            pairs[name[len("metadata["):-1]] = value
+    for name, value in request.query_params.items():
+        if name.startswith("metadata"):
+            match = _METADATA_KEY.fullmatch(name)
+            if match is None:
+                raise bad_request("metadata filters are sent as metadata[key]=value", name)
+            pairs[match.group(1)] = value
     return pairs
 
 
 @router.get(PATH)
 async def retrieve_completion(completion_id: str, request: Request) -> Response:
-    async def work(pipeline: Pipeline, tenant_id: str) -> dict:
-        return (await pipeline.chat_completions.get(tenant_id, completion_id))["completion"]
-
-    return await _serve(request, work)
+    return await _serve(request, lambda pipeline, tenant_id: pipeline.chat_completions.get(
+        tenant_id, completion_id))
 
 
 @router.post(PATH)
@@ -100,9 +111,8 @@ async def list_messages(completion_id: str, request: Request, after: str | None 
                         order: str = Query("asc", pattern="^(asc|desc)$")) -> Response:
     """The messages the completion answered, each with an id (`<completion id>-<place>`)."""
     async def work(pipeline: Pipeline, tenant_id: str) -> dict:
-        record = await pipeline.chat_completions.get(tenant_id, completion_id)
-        messages = [_store_message(f"{completion_id}-{i}", m)
-                    for i, m in enumerate(record["messages"])]
+        messages = [_store_message(f"{completion_id}-{i}", m) for i, m in enumerate(
+            await pipeline.chat_completions.messages(tenant_id, completion_id))]
         return items_page(messages, after, limit, order)
 
     return await _serve(request, work, ("after", "limit", "order"))
@@ -110,8 +120,11 @@ async def list_messages(completion_id: str, request: Request, after: str | None 
 
 def _store_message(message_id: str, message: dict) -> dict:
     """A request message as OpenAI lists a stored completion's: its text as `content`, and
-    its parts as `content_parts` when it was sent as parts."""
+    its text parts as `content_parts` when it was sent as parts (a refusal part's text is
+    in `content` only)."""
     content = message.get("content")
-    parts = content if isinstance(content, list) else None
-    text = "".join(p.get("text") or p.get("refusal") or "" for p in parts) if parts else content
-    return {**message, "id": message_id, "content": text, "content_parts": parts}
+    if not isinstance(content, list):
+        return {**message, "id": message_id, "content_parts": None}
+    text = "".join(p.get("text") or p.get("refusal") or "" for p in content)
+    return {**message, "id": message_id, "content": text,
+            "content_parts": [p for p in content if p.get("type") == "text"]}
