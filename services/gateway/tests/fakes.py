@@ -95,6 +95,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     fail_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     fail_once: bool = False
     """Fail only the first request that reaches `fail_after` (an engine that died)."""
+    fail_reason: str | None = None
+    """The failure's reason (trailing metadata), e.g. queue_full: an engine shedding."""
     running: set[str] = field(default_factory=set)
     cancelled: list[str] = field(default_factory=list)
     requests: list = field(default_factory=list)
@@ -129,6 +131,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             if self.fail_after is not None and i >= self.fail_after:
                 if self.fail_once:
                     self.fail_after = None
+                if self.fail_reason is not None:
+                    context.set_trailing_metadata(((ERROR_REASON_KEY, self.fail_reason),))
                 await context.abort(self.fail_code, "fake engine failure")
             await asyncio.sleep(self.delay_s)
             token = ord(SCRIPT[i % len(SCRIPT)])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 from openai import AsyncOpenAI, BadRequestError, NotFoundError, RateLimitError
 
@@ -109,6 +110,25 @@ async def test_a_failed_generation_fails_the_response(gateway):
     failed = await _settled(client, queued.id)
     assert failed.status == "failed" and failed.error.code == "server_error"
     assert failed.error.message
+
+
+async def test_engines_full_after_admission_are_waited_out(gateway_factory):
+    gateway = await gateway_factory(retry_after_s=0)  # tried again after 0.1 s
+    engine = gateway.fakes.engine
+    engine.fail_after, engine.fail_reason = 0, "queue_full"  # every engine sheds it
+    engine.fail_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    client = _client(gateway)
+    queued = await client.responses.create(model="fake-model", input="x", background=True,
+                                           max_output_tokens=5)
+    assert queued.status == "in_progress"
+    deadline = asyncio.get_running_loop().time() + 10
+    while len(engine.requests) < 3:  # shed, and shed again: still in progress
+        assert (await client.responses.retrieve(queued.id)).status == "in_progress"
+        assert asyncio.get_running_loop().time() < deadline, "not tried again"
+        await asyncio.sleep(0.02)
+    engine.fail_after = None  # room again
+    done = await _settled(client, queued.id)
+    assert done.status == "incomplete" and done.output_text == "Hello"
 
 
 async def _stored_keys(redis, prefix) -> list[str]:

@@ -11,7 +11,9 @@ plain request would be, and leaves nothing stored. The task is the run's one own
     - a cancel (POST /v1/responses/{id}/cancel, on any replica) or a DELETE ends the
       generation as a client's disconnect would: the engine aborts, the quota is settled;
     - the complete response replaces the record (only over an in_progress run); an error
-      response fails the run with its error.
+      response fails the run with its error, but for engines all full once the request
+      was admitted (a 503 before any output): the task tries again after Retry-After,
+      within the request timeout, as a client of a plain request would.
 On shutdown the tasks still running are cancelled and their runs failed. A replica that
 dies leaves a lease that runs out: the response then reads failed.
 
@@ -56,6 +58,10 @@ log = logging.getLogger("conveyor.gateway.responses")
 STOPPED = {"code": "server_error",
            "message": "the gateway replica generating this response shut down"}
 _LIVE = ("queued", "in_progress")
+_ENGINES_FULL = ("engine_overloaded", "no_engine_available")
+"""503s after admission that a background response waits out (it tries again) rather than
+fails: a client of background mode has no request to retry."""
+_MIN_RETRY_S = 0.1
 
 
 @dataclass(slots=True)
@@ -210,10 +216,10 @@ class BackgroundResponses:
         if await self._renew(run) != "in_progress":
             return
         renewals = asyncio.create_task(self._keep_renewing(run))
+        give_up = asyncio.get_running_loop().time() + pipeline.settings.request_timeout_s
         try:
-            await GenerationResponse(pipeline, headers, chat, RESPONSES, run.response_id,
-                                     run.admitted)({"type": "http"}, _until(run.ended),
-                                                   run.reply)
+            while await self._tried_in_vain(pipeline, headers, chat, run, give_up):
+                run.reply = run.reply.afresh()
         finally:
             renewals.cancel()
         await run.reply.flushed()
@@ -221,6 +227,22 @@ class BackgroundResponses:
             error = run.reply.error()
             await self._store.advance(run.tenant_id, run.response_id, "failed", error=error,
                                       final_event=run.reply.failed_event(error))
+
+    async def _tried_in_vain(self, pipeline: Pipeline, headers: dict[str, str],
+                             chat: ResponsesChat, run: _Run, give_up: float) -> bool:
+        """Generate the response once; whether to try again: the request was admitted, then
+        every engine was full (a 503 before any output), and the run is still live once
+        Retry-After has passed, before `give_up` (the request timeout from the start)."""
+        await GenerationResponse(pipeline, headers, chat, RESPONSES, run.response_id,
+                                 run.admitted)({"type": "http"}, _until(run.ended), run.reply)
+        reply, loop = run.reply, asyncio.get_running_loop()
+        wait_s = max(pipeline.settings.retry_after_s, _MIN_RETRY_S)
+        if (reply.status != 503 or reply.refusal().code not in _ENGINES_FULL
+                or not run.admitted.is_set() or loop.time() + wait_s > give_up):
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.ended.wait(), wait_s)
+        return not run.ended.is_set()
 
     async def _keep_renewing(self, run: _Run) -> None:
         """Renew the run's lease until it is no longer in progress (cancelled, deleted,

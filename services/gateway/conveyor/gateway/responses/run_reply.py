@@ -42,6 +42,10 @@ class RunReply:
         self._queued: list[Event] = []
         self._flushing: asyncio.Task | None = None
 
+    def afresh(self) -> RunReply:
+        """A reply for another try at the same response (this one's sent no event)."""
+        return RunReply(self._store, self._tenant_id, self._response, self._turn)
+
     async def __call__(self, message: dict) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
