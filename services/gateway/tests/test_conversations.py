@@ -61,6 +61,17 @@ async def test_a_conversation_and_its_items_are_created_read_changed_and_deleted
             await gone
 
 
+async def test_a_conversation_is_kept_its_own_time_after_its_last_change(
+        gateway_factory, redis, prefix):
+    gateway = await gateway_factory(conversations_ttl_s=50, responses_ttl_s=5)
+    conversation = await _client(gateway).conversations.create(
+        items=[{"role": "user", "content": "x"}])
+    keys = [key async for key in redis.scan_iter(f"{prefix}:conversation*")]
+    assert len(keys) == 2  # the conversation and its items
+    assert all(5_000 < ttl <= 50_000 for ttl in [await redis.pttl(key) for key in keys])
+    assert conversation.id
+
+
 async def test_a_response_reads_the_conversation_and_adds_its_turn(gateway):
     client = _client(gateway)
     conversation = await client.conversations.create(items=[{"role": "user", "content": "hi"}])

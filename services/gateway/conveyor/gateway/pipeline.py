@@ -91,7 +91,7 @@ class Pipeline:
             responses=ResponseStore(redis, prefix=settings.redis_prefix,
                                     ttl_s=settings.responses_ttl_s),
             conversations=ConversationStore(redis, prefix=settings.redis_prefix,
-                                            ttl_s=settings.responses_ttl_s),
+                                            ttl_s=settings.conversations_ttl_s),
             chat_completions=ChatCompletionStore(redis, prefix=settings.redis_prefix,
                                                  ttl_s=settings.responses_ttl_s),
         )

@@ -79,8 +79,11 @@ class GatewaySettings(ServiceSettings, TenancySettings, RoutingSettings, BatchAp
     responses_ttl_s: float = Field(
         86400.0, gt=0, description="Seconds a stored response (the Responses API's store, on by "
         "default) and its conversation are kept for GET /v1/responses/{id} and "
-        "previous_response_id; a conversation (the Conversations API) is kept this long after "
-        "its last change, a stored chat completion (store: true) this long after it ended."
+        "previous_response_id; a stored chat completion (store: true) this long after it ended."
+    )
+    conversations_ttl_s: float = Field(
+        30 * 86400.0, gt=0, description="Seconds a conversation (the Conversations API) is "
+        "kept after its last change (created, items added or deleted, metadata changed)."
     )
     responses_lease_s: float = Field(
         10.0, gt=0, description="Seconds a background response's run stays leased to the "
