@@ -57,6 +57,7 @@ class ResponsesTurn:
     history: list[ChatMessage] = field(default_factory=list)
     """The stored conversation of previous_response_id, or the items of `conversation`."""
     loaded: bool = False
+    """Whether `history` was loaded (continue_from runs once)."""
     stored: StoredResponse | None = None
     """What to store, set by the format when the response is complete."""
     new_items: list[dict] = field(default_factory=list)
@@ -97,7 +98,8 @@ class ResponsesTurn:
             self.history = [ChatMessage.model_validate(m) for m in previous.conversation]
         elif conversation_id is not None:
             items = await conversations.items(tenant_id, conversation_id, "conversation")
-            given = [{"id": i.id} for i in self.request.input if not isinstance(i, str) and i.id]
+            given = [] if isinstance(self.request.input, str) else [
+                {"id": item.id} for item in self.request.input if item.id]
             repeated = repeated_id(given, (item["id"] for item in items))
             if repeated is not None:
                 raise duplicate_item(repeated, "input")
