@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from conveyor.gateway.api.mapping import GenerationBody, conversation_input
+from conveyor.gateway.api.pages import refuse_unserved_query
 from conveyor.gateway.api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -273,6 +274,21 @@ async def _redis_up(pipeline: Pipeline) -> bool:
         return bool(await pipeline.redis.ping())
     except RedisError:
         return False
+
+
+async def serve_for_tenant(request: Request, endpoint: str,
+                           work: Callable[[Pipeline, str], Awaitable[dict | Response]],
+                           query: Mapping[str, str] | None = None,
+                           served: tuple[str, ...] = ()) -> Response:
+    """A unary endpoint of the caller's tenant (serve_simple): `work(pipeline, tenant_id)`
+    once authenticated; a parameter of `query` (default: the request's) not `served` is
+    refused by name first."""
+    async def authenticated(pipeline: Pipeline) -> dict | Response:
+        refuse_unserved_query(request.query_params if query is None else query, served)
+        tenant = await pipeline.admitter.authenticate(request.headers)
+        return await work(pipeline, tenant.tenant_id)
+
+    return await serve_simple(request, endpoint, authenticated)
 
 
 async def serve_simple(request: Request, endpoint: str,

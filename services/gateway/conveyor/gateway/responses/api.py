@@ -9,18 +9,14 @@ from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
 from starlette.responses import Response, StreamingResponse
 
+from conveyor.gateway.api.pages import MAX_LIMIT, items_page, refuse_unserved_query
 from conveyor.gateway.errors import bad_request, error_response
 from conveyor.gateway.pipeline import Pipeline
 from conveyor.gateway.response_writer import SSE_HEADERS
 from conveyor.gateway.responses.background import BackgroundResponses
 from conveyor.gateway.responses.conversation import chat_request
 from conveyor.gateway.responses.endpoint import RESPONSES
-from conveyor.gateway.responses.input_items import (
-    MAX_LIMIT,
-    input_items,
-    items_page,
-    refuse_unserved_query,
-)
+from conveyor.gateway.responses.input_items import input_items
 from conveyor.gateway.responses.request_body import ResponsesRequest
 from conveyor.gateway.routes import GenerationResponse, pipeline_of, serve_simple
 from conveyor.gateway.validation_errors import validation_error

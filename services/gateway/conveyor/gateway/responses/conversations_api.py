@@ -15,13 +15,12 @@ from pydantic import Field
 from starlette.responses import Response
 
 from conveyor.gateway.api.fields import RequestBody
-from conveyor.gateway.api.pages import list_page
+from conveyor.gateway.api.pages import MAX_LIMIT, PAGE_QUERY, items_page, list_page
 from conveyor.gateway.api.schemas import Metadata
 from conveyor.gateway.pipeline import Pipeline
-from conveyor.gateway.responses.input_items import MAX_LIMIT, items_page, refuse_unserved_query
 from conveyor.gateway.responses.items import kept_items
 from conveyor.gateway.responses.request_body import InputItem
-from conveyor.gateway.routes import serve_simple
+from conveyor.gateway.routes import serve_for_tenant
 
 router = APIRouter()
 
@@ -41,15 +40,8 @@ class ItemsCreate(RequestBody):
     items: list[InputItem] = Field(min_length=1, max_length=MAX_ITEMS_ADDED)
 
 
-async def _serve(request: Request, work, query: tuple[str, ...] = ()) -> Response:
-    """`work(pipeline, tenant_id)` for the authenticated caller; a query parameter other
-    than `query` is refused by name."""
-    async def authenticated(pipeline: Pipeline):
-        refuse_unserved_query(request.query_params, query)
-        tenant = await pipeline.admitter.authenticate(request.headers)
-        return await work(pipeline, tenant.tenant_id)
-
-    return await serve_simple(request, "conversations", authenticated)
+def _serve(request: Request, work, served: tuple[str, ...] = ()):
+    return serve_for_tenant(request, "conversations", work, served=served)
 
 
 @router.post("/v1/conversations")
@@ -98,7 +90,7 @@ async def list_items(conversation_id: str, request: Request, after: str | None =
         items = await pipeline.conversations.items(tenant_id, conversation_id)
         return items_page(items, after, limit, order)
 
-    return await _serve(request, work, ("after", "limit", "order"))
+    return await _serve(request, work, PAGE_QUERY)
 
 
 @router.get("/v1/conversations/{conversation_id}/items/{item_id}")

@@ -16,26 +16,7 @@ several text parts is one part here: the conversation keeps its text joined.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from conveyor.gateway.api.pages import list_page
-from conveyor.gateway.errors import bad_request
 from conveyor.gateway.responses.store import StoredResponse
-
-MAX_LIMIT = 100
-"""Items a page holds at most (OpenAI's bound; its default is 20)."""
-QUERY = ("after", "limit", "order")
-"""The query parameters served; `include` (the SDK sends `include[]`) has nothing to add
-to an input item here, so it is refused as any other is."""
-
-
-def refuse_unserved_query(query: Mapping[str, str], served: tuple[str, ...] = QUERY) -> None:
-    """A 400 naming the first query parameter the endpoint (serving `served`) does not."""
-    for name in query:
-        if name not in served:
-            takes = f"takes {', '.join(served)}" if served else "takes no query parameters"
-            raise bad_request(f"{name.removesuffix('[]')} is not supported: this endpoint "
-                              f"{takes}", name.removesuffix("[]"))
 
 
 def input_items(stored: StoredResponse) -> list[dict]:
@@ -64,16 +45,3 @@ def _items_of(message: dict) -> list[dict]:
               "name": call["function"]["name"], "arguments": call["function"]["arguments"]}
              for call in message.get("tool_calls") or ()]
     return (text if content else []) + calls
-
-
-def items_page(items: list[dict], after: str | None, limit: int, order: str) -> dict:
-    """One page of `items` in `order` ("asc": oldest first), after the item `after`."""
-    ordered = items if order == "asc" else items[::-1]
-    start = 0
-    if after is not None:
-        ids = [item["id"] for item in ordered]
-        if after not in ids:
-            raise bad_request(f"after: no item {after!r} in this list", "after")
-        start = ids.index(after) + 1
-    page = ordered[start:start + limit]
-    return list_page(page, start + limit < len(ordered))

@@ -13,12 +13,11 @@ from pydantic import Field
 from starlette.responses import Response
 
 from conveyor.gateway.api.fields import RequestBody
-from conveyor.gateway.api.pages import list_page
+from conveyor.gateway.api.pages import MAX_LIMIT, PAGE_QUERY, items_page, list_page
 from conveyor.gateway.api.schemas import Metadata
 from conveyor.gateway.errors import bad_request
 from conveyor.gateway.pipeline import Pipeline
-from conveyor.gateway.responses.input_items import MAX_LIMIT, items_page, refuse_unserved_query
-from conveyor.gateway.routes import serve_simple
+from conveyor.gateway.routes import serve_for_tenant
 
 router = APIRouter()
 
@@ -29,17 +28,11 @@ class MetadataUpdate(RequestBody):
     metadata: Metadata | None = Field(max_length=16)
 
 
-async def _serve(request: Request, work, query: tuple[str, ...] = ()) -> Response:
-    """`work(pipeline, tenant_id)` for the authenticated caller; a query parameter other
-    than `query` (or `metadata[...]` where `metadata` is listed) is refused by name."""
-    async def authenticated(pipeline: Pipeline):
-        refuse_unserved_query({name: value for name, value in request.query_params.items()
-                               if not ("metadata" in query and name.startswith("metadata["))},
-                              query)
-        tenant = await pipeline.admitter.authenticate(request.headers)
-        return await work(pipeline, tenant.tenant_id)
-
-    return await serve_simple(request, "stored_chat_completions", authenticated)
+def _serve(request: Request, work, served: tuple[str, ...] = ()):
+    """`metadata[...]` parameters pass where `metadata` is served (the list's filters)."""
+    query = {name: value for name, value in request.query_params.items()
+             if not ("metadata" in served and name.startswith("metadata["))}
+    return serve_for_tenant(request, "stored_chat_completions", work, query, served)
 
 
 @router.get("/v1/chat/completions")
@@ -115,7 +108,7 @@ async def list_messages(completion_id: str, request: Request, after: str | None 
             await pipeline.chat_completions.messages(tenant_id, completion_id))]
         return items_page(messages, after, limit, order)
 
-    return await _serve(request, work, ("after", "limit", "order"))
+    return await _serve(request, work, PAGE_QUERY)
 
 
 def _store_message(message_id: str, message: dict) -> dict:
